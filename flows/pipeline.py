@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 
 from prefect import flow
 
@@ -39,7 +40,7 @@ def pipeline(params_file: str = "params.yaml", record_in_dvc: bool = True) -> di
 
 def record_outputs_in_dvc() -> None:
     """Hash the stage outputs into dvc.lock so DVC knows this flow already produced them."""
-    subprocess.run(["dvc", "commit", "--force", "--quiet"], check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "commit", "--force", "--quiet"], check=True)
 
 
 def main() -> None:

@@ -54,7 +54,7 @@ def stop_with_certainty() -> list[Action]:
     return [Action(STOP.worker, STOP.primitive, 1.0)]
 
 
-class _DistributionPolicy:
+class DistributionPolicy:
     """A policy given by a distribution over the offered actions and STOP."""
 
     name: str
@@ -70,7 +70,7 @@ class _DistributionPolicy:
 
 
 @dataclass
-class SinglePolicy(_DistributionPolicy):
+class SinglePolicy(DistributionPolicy):
     """Always the same (worker, primitive); MTRouter's single-model runs.
 
     `turns` calls, then STOP: 1 for question answering; None keeps calling until the environment
@@ -94,7 +94,7 @@ class SinglePolicy(_DistributionPolicy):
 
 
 @dataclass
-class UniformRandomRouter(_DistributionPolicy):
+class UniformRandomRouter(DistributionPolicy):
     """One call to a uniformly chosen affordable action, then STOP (single-turn random router).
 
     `primitives` limits the candidates to actions that answer the task (by default LLM workers'
@@ -121,7 +121,7 @@ class UniformRandomRouter(_DistributionPolicy):
 
 
 @dataclass
-class RandomMultiTurnPolicy(_DistributionPolicy):
+class RandomMultiTurnPolicy(DistributionPolicy):
     """MTRouter's random router: a uniformly random affordable action at every turn.
 
     Once a candidate answer exists it stops with probability `stop_prob`; the logged propensity of
@@ -147,7 +147,7 @@ class RandomMultiTurnPolicy(_DistributionPolicy):
         return uniform(actions, 1.0 - self.stop_prob) + [Action(STOP.worker, STOP.primitive, self.stop_prob)]
 
 
-def behaviour_policies(pool: Pool, seed: int = 0, stop_prob: float = 0.5) -> list[_DistributionPolicy]:
+def behaviour_policies(pool: Pool, seed: int = 0, stop_prob: float = 0.5) -> list[DistributionPolicy]:
     """MTRouter's collection mix: every single (worker, primitive), the uniform router, the random
     multi-turn router."""
     return policies_by_name([SINGLE, UNIFORM_RANDOM, RANDOM_MULTI_TURN], pool, seed, stop_prob)
@@ -155,10 +155,10 @@ def behaviour_policies(pool: Pool, seed: int = 0, stop_prob: float = 0.5) -> lis
 
 def policies_by_name(
     names: Sequence[str], pool: Pool, seed: int = 0, stop_prob: float = 0.5
-) -> list[_DistributionPolicy]:
+) -> list[DistributionPolicy]:
     """Policies named in a config: "single" (one per (worker, primitive) of the pool),
     "single/<worker>/<primitive>", "uniform_random", "random_multi_turn"."""
-    policies: list[_DistributionPolicy] = []
+    policies: list[DistributionPolicy] = []
     for name in names:
         if name == SINGLE:
             policies += [SinglePolicy(worker, primitive) for worker, primitive in pool.actions()]

@@ -354,6 +354,5 @@ def write_tables(entries: list[dict[str, Any]], out_dir: Path) -> tuple[pd.DataF
 
 
 def collect_sync(*args: Any, **kwargs: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """`collect` for callers without an event loop (Prefect tasks, DVC stages, the CLI). LLM workers
-    belong to the loop that first uses them: build a fresh set for every call."""
+    """`collect` for callers without an event loop (Prefect tasks, DVC stages, the CLI)."""
     return asyncio.run(collect(*args, **kwargs))

@@ -93,7 +93,7 @@ def collect(params: Params) -> tuple[Path, Path]:
     from routerops.envs.qa import QAEnvironment
     from routerops.envs.suites import read_tasks
     from routerops.policies import behaviour_policies
-    from routerops.rollout import collect as collect_episodes
+    from routerops.rollout import collect_sync as collect_episodes
     from routerops.workers import build_workers
     from routerops.workers.server import local_llm_server
 

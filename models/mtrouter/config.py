@@ -39,6 +39,8 @@ class MTRouterConfig:
     history_mode: str = "full"
     # Entries kept in the in-memory embedding cache (keyed by content hash of the serialised history).
     cache_size: int = 50_000
+    # Also persist embeddings in a SQLite file under $ROUTEROPS_CACHE_DIR (models.embeddings).
+    disk_cache: bool = True
     # Append standardised surface statistics of the task (length, count of numbers ...) to z_x.
     # Extension, paper silent: cheap difficulty proxies a 512-token sentence encoder only partly sees.
     surface_features: bool = True

@@ -130,7 +130,7 @@ class OutcomeEstimator:
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                total += float(loss) * len(rows)
+                total += float(loss.detach()) * len(rows)
             sched.step()
             report.train_loss.append(total / len(y))
             if val_t is None:

@@ -16,6 +16,7 @@ import json
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -145,21 +146,36 @@ def interactions_from_turns(turns: Sequence[Any], current_observation: str | Non
 
 
 class SentenceTextEncoder:
-    """A sentence-transformers model (default: the bundled all-MiniLM-L6-v2) via models.embeddings."""
+    """A sentence-transformers model (default: the bundled all-MiniLM-L6-v2) via models.embeddings.
+
+    The tokenizer loads at once (truncation counts tokens); the model only on the first cache miss.
+    """
 
     def __init__(self, model_path: str = "", max_tokens: int = 8192, device: str = "cpu"):
-        from models.embeddings import SentenceEncoder
+        from transformers import AutoConfig, AutoTokenizer
 
-        # No disk cache here: its key ignores the sequence length we raise below, so a text embedded
-        # elsewhere at 256 tokens could be served for a 512-token request. HistoryEncoder caches.
+        from models.embeddings import SentenceEncoder, bundled_minilm_path
+
+        # No disk cache in SentenceEncoder: its key ignores the sequence length we raise below, so a
+        # text embedded elsewhere at 256 tokens could be served for a 512-token request.
         self._sentence = SentenceEncoder(model_path or None, use_cache=False, device=device)
-        model = self._sentence._load_model()
-        limit = int(getattr(model[0].auto_model.config, "max_position_embeddings", 512))
-        model.max_seq_length = min(int(max_tokens), limit)
-        self.max_tokens = int(model.max_seq_length)
-        self.tokenizer = model.tokenizer
-        self.dim = int(model.get_sentence_embedding_dimension())
+        path = str(model_path or bundled_minilm_path())
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        limit = int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 512))
+        self.max_tokens = min(int(max_tokens), limit)
         self.encoder_id = f"{self._sentence.model_id}|max_seq={self.max_tokens}"
+        self._dim: int | None = None
+
+    def _model(self):
+        model = self._sentence._load_model()
+        model.max_seq_length = self.max_tokens
+        return model
+
+    @property
+    def dim(self) -> int:
+        if self._dim is None:
+            self._dim = int(self._model().get_sentence_embedding_dimension())
+        return self._dim
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -171,6 +187,7 @@ class SentenceTextEncoder:
         return text if len(offsets) <= n_tokens else text[offsets[-n_tokens][0]:]
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
+        self._model()
         return self._sentence.encode(list(texts))
 
 
@@ -215,12 +232,22 @@ def build_text_encoder(cfg: MTRouterConfig, device: str = "cpu") -> TextEncoder:
 
 
 class HistoryEncoder:
-    """z_x = φ(h_t): serialise, truncate, embed — each distinct text embedded once (LRU cache)."""
+    """z_x = φ(h_t): serialise, truncate, embed — each distinct text embedded once.
 
-    def __init__(self, text_encoder: TextEncoder, cfg: MTRouterConfig):
+    Two cache levels keyed by sha256(encoder id, text): an in-memory LRU (routing latency) and,
+    when `disk_cache_dir` is given, a SQLite file shared by runs and processes (cross-fitting
+    builds a fresh router per fold; none of them re-embeds a text another has seen).
+    """
+
+    def __init__(self, text_encoder: TextEncoder, cfg: MTRouterConfig, disk_cache_dir: str | Path | None = None):
         self.text_encoder = text_encoder
         self.cfg = cfg
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._disk = None
+        if disk_cache_dir is not None:
+            from models.embeddings import EmbeddingCache
+
+            self._disk = EmbeddingCache(Path(disk_cache_dir) / "mtrouter_histories.sqlite")
         self.hits = 0
         self.misses = 0
 
@@ -235,21 +262,24 @@ class HistoryEncoder:
         return hashlib.sha256(f"{self.text_encoder.encoder_id}\x00{text}".encode()).hexdigest()
 
     def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
-        """(n, d) float32 embeddings of already-serialised texts, through the cache."""
+        """(n, d) float32 embeddings of already-serialised texts, through the caches."""
         keys = [self.content_key(t) for t in texts]
-        missing = list(dict.fromkeys(k for k in keys if k not in self._cache))
-        self.hits += len(keys) - sum(1 for k in keys if k in missing)
+        found = {k: self._cache[k] for k in keys if k in self._cache}
+        self.hits += sum(1 for k in keys if k in found)
+        missing = list(dict.fromkeys(k for k in keys if k not in found))
+        if missing and self._disk is not None:
+            found.update(self._disk.get_many(missing))
+            missing = [k for k in missing if k not in found]
         self.misses += len(missing)
         if missing:
             text_of = dict(zip(keys, texts))
             fresh = np.asarray(self.text_encoder.encode([text_of[k] for k in missing]), dtype=np.float32)
-            for key, vec in zip(missing, fresh):
-                self._remember(key, vec)
-        found = {k: self._cache[k] if k in self._cache else None for k in keys}
-        if any(v is None for v in found.values()):  # evicted within this call (batch larger than the cache)
-            return np.asarray(self.text_encoder.encode(list(texts)), dtype=np.float32)
-        for key in keys:
-            self._cache.move_to_end(key)
+            new = dict(zip(missing, fresh))
+            if self._disk is not None:
+                self._disk.put_many(new)
+            found.update(new)
+        for key in dict.fromkeys(keys):
+            self._remember(key, found[key])
         return np.stack([found[k] for k in keys]).astype(np.float32, copy=False)
 
     def encode(self, task: str, interactions: Sequence[Interaction] = ()) -> np.ndarray:
@@ -258,5 +288,16 @@ class HistoryEncoder:
 
     def _remember(self, key: str, vec: np.ndarray) -> None:
         self._cache[key] = vec
+        self._cache.move_to_end(key)
         while len(self._cache) > self.cfg.cache_size:
             self._cache.popitem(last=False)
+
+
+def build_history_encoder(cfg: MTRouterConfig, text_encoder: TextEncoder | None = None,
+                          device: str = "cpu") -> HistoryEncoder:
+    """The configured encoder; sentence encoders persist embeddings under models.embeddings'
+    cache directory ($ROUTEROPS_CACHE_DIR) when cfg.disk_cache is on."""
+    from models.embeddings import default_cache_dir
+
+    text_encoder = text_encoder or build_text_encoder(cfg, device)
+    return HistoryEncoder(text_encoder, cfg, default_cache_dir() if cfg.disk_cache else None)

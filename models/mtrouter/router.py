@@ -20,7 +20,7 @@ from models.base import Router, RoutingData
 from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.dataset import HistoryFeaturizer, TurnExamples, turn_examples, validation_rows
 from models.mtrouter.estimator import TrainingSet, build_estimator
-from models.mtrouter.history import HistoryEncoder, TextEncoder, build_text_encoder, interactions_from_turns
+from models.mtrouter.history import HistoryEncoder, build_history_encoder, interactions_from_turns
 from models.mtrouter.model_encoder import AttributeTable, attribute_table
 from models.mtrouter.targets import expected_episode_lengths
 from routerops.errors import InputError
@@ -43,12 +43,12 @@ class MTRouter:
     """Turn-level router over a worker pool, trained on logged trajectories."""
 
     def __init__(self, pool: Pool, price_book: PriceBook | None = None, cfg: MTRouterConfig | None = None,
-                 text_encoder: TextEncoder | None = None):
+                 history_encoder: HistoryEncoder | None = None):
         self.cfg = cfg or MTRouterConfig()
         self.pool = pool
         self.price_book = price_book
         self.table = attribute_table(pool.names, {w.name: w.attributes for w in pool.workers}, price_book)
-        self.encoder = HistoryEncoder(text_encoder or build_text_encoder(self.cfg), self.cfg)
+        self.encoder = history_encoder or build_history_encoder(self.cfg)
         self.featurizer = HistoryFeaturizer(self.encoder, self.cfg)
         self.estimator = None
         self.expected_cost: dict[str, float] = {}
@@ -144,12 +144,12 @@ class MTRouterRouter(Router):
 
     name = "mtrouter"
 
-    def __init__(self, cfg: MTRouterConfig | None = None, text_encoder: TextEncoder | None = None, seed: int | None = None):
+    def __init__(self, cfg: MTRouterConfig | None = None, history_encoder: HistoryEncoder | None = None,
+                 seed: int | None = None):
         self.cfg = cfg or MTRouterConfig()
         if seed is not None:
             self.cfg = self.cfg.replace(seed=int(seed))
-        self._text_encoder = text_encoder
-        self.encoder: HistoryEncoder | None = None
+        self.encoder = history_encoder  # built on first fit when None; pass one to share its cache
         self.featurizer: HistoryFeaturizer | None = None
         self.table: AttributeTable | None = None
         self.estimator = None
@@ -160,7 +160,7 @@ class MTRouterRouter(Router):
 
     def fit(self, data: RoutingData) -> "MTRouterRouter":
         if self.encoder is None:
-            self.encoder = HistoryEncoder(self._text_encoder or build_text_encoder(self.cfg), self.cfg)
+            self.encoder = build_history_encoder(self.cfg)
         self.featurizer = HistoryFeaturizer(self.encoder, self.cfg)
         self.table = routing_attributes(data)
         ids = np.asarray(data.query_ids, dtype=object)

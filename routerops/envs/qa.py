@@ -33,8 +33,6 @@ from __future__ import annotations
 import ast
 import functools
 import re
-from typing import Any
-
 from routerops.envs.jsonl_qa import VERIFIER as MATH_VERIFIER
 from routerops.envs.jsonl_qa import last_boxed, verify_math
 from routerops.envs.suites import VERIFIER as RG_VERIFIER
@@ -291,7 +289,3 @@ class QAEnvironment:
     def close(self, state: EpisodeState) -> None:
         """Nothing to release."""
 
-
-def describe_errors() -> dict[str, Any]:
-    """The error rules and their severities (for docs and the error-penalty targets)."""
-    return dict(SEVERITY)

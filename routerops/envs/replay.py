@@ -18,16 +18,18 @@ import functools
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import pandas as pd
 
-from models.base import RoutingData
 from routerops.envs.qa import extract_answer
 from routerops.errors import InputError, RouteropsError
 from routerops.pricing import PriceBook, WorkerSpec
 from routerops.types import EpisodeState, Observation, Payload, Task, WorkerResult
+
+if TYPE_CHECKING:  # routers' data type; imported where it is built, so routerops does not import models
+    from models.base import RoutingData
 
 TEXT_COLUMNS = ("dataset", "query_id", "query", "worker")
 TOKEN_COLUMNS = ("prompt_tokens", "completion_tokens")
@@ -97,6 +99,11 @@ def _check_tokens(source: Any, frame: pd.DataFrame, column: str) -> pd.Series:
     return values.astype("int64")
 
 
+def worker_order(frame: pd.DataFrame) -> list[str]:
+    """Workers in the order the table first lists them (the column order of the wide view)."""
+    return list(dict.fromkeys(frame["worker"]))
+
+
 def _check_grid(source: Any, frame: pd.DataFrame) -> None:
     """(query_id, worker) unique; every query has a row for every worker; one text per query."""
     dup = frame.duplicated(["query_id", "worker"], keep="first")
@@ -104,7 +111,7 @@ def _check_grid(source: Any, frame: pd.DataFrame) -> None:
         row = _first_bad_row(dup)
         raise InputError(source, "query_id", f"row {row}: duplicate (query_id, worker) pair "
                          f"({frame['query_id'].iloc[row - 1]!r}, {frame['worker'].iloc[row - 1]!r})")
-    workers = list(dict.fromkeys(frame["worker"]))
+    workers = worker_order(frame)
     have = frame.groupby("query_id", sort=False)["worker"].agg(set)
     for query_id, present in have.items():
         if len(present) != len(workers):
@@ -177,14 +184,12 @@ def write_logged_outcomes(frame: pd.DataFrame, path: str | Path) -> Path:
 # ---------------------------------------------------------------- the wide view routers use
 
 
-def worker_order(frame: pd.DataFrame) -> list[str]:
-    return list(dict.fromkeys(frame["worker"]))
-
-
 def to_routing_data(frame: pd.DataFrame, price_book: PriceBook,
                     embed: Callable[[list[str]], np.ndarray] | None = None) -> RoutingData:
     """n queries × w workers: logged scores, USD costs derived from tokens under `price_book`
     (PriceBook.cost of each row's tokens), responses when logged, embeddings when `embed` is given."""
+    from models.base import RoutingData
+
     frame = validate_logged_outcomes(frame)
     workers = worker_order(frame)
     unpriced = [w for w in workers if w not in price_book.prices]
@@ -288,6 +293,8 @@ def import_routellm_gsm8k(csv_path: str | Path, contaminated_path: str | Path | 
     raw, models = _read_routellm_csv(path)
     dropped = _contaminated_prompts(Path(contaminated_path)) if contaminated_path else set()
     prefix = few_shot_prefix(train_path) if train_path else ""
+    # RouteLLM logged no token counts: these are SmolLM2-BPE estimates of the text (GPT-4's and
+    # Mixtral's own tokenizers, and their chat-template tokens, would give somewhat other numbers).
     count = count_tokens or smollm2_token_counter()
     kept = raw[~raw["prompt"].isin(dropped)]
     prompt_tokens = {i: count(f"{prefix}Question: {q}\nAnswer:" if prefix else q) for i, q in kept["prompt"].items()}

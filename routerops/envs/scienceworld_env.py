@@ -206,17 +206,17 @@ def read_descriptions(coordinates: Sequence[tuple[str, int]]) -> dict[tuple[str,
 
 
 def parse_command(text: str) -> str:
-    """The one command in a model reply: a ```text block, else an `Action:` line, else the first
-    non-empty line; quotes, backticks and a trailing full stop are stripped. Whatever comes out
-    goes to the simulator, whose parser decides whether it is a valid command."""
+    """The one command in a model reply: a ```text block, else the first `Action:` line, else the
+    first non-empty line that is not a lead-in ending in ":"; quotes, backticks and a trailing full
+    stop are stripped. Whatever comes out goes to the simulator, whose parser decides whether it is
+    a valid command."""
     block = re.search(r"```(?:text)?\s*\n(.*?)\n\s*```", text, re.S)
     if block:
-        candidate = block.group(1)
+        lines = [block.group(1)]
     else:
-        labelled = re.findall(r"^\s*(?:action|command)\s*:\s*(.+)$", text, re.I | re.M)
-        lines = [line for line in text.splitlines() if line.strip()]
-        candidate = labelled[0] if labelled else (lines[0] if lines else "")
-    candidate = candidate.strip().splitlines()[0] if candidate.strip() else ""
+        lines = re.findall(r"^\s*(?:action|command)\s*:\s*(.+)$", text, re.I | re.M)
+        lines += [line for line in text.splitlines() if line.strip() and not line.rstrip().endswith(":")]
+    candidate = lines[0].strip().splitlines()[0] if lines and lines[0].strip() else ""
     return re.sub(r"^[`\"'\s]+|[`\"'.\s]+$", "", candidate)
 
 
@@ -287,12 +287,14 @@ class ScienceWorldEnvironment:
 
     def prompt(self, state: EpisodeState) -> str:
         env = state.env_state
-        history = recent_pairs(env["history"], self.history_chars)
         parts = [f"Task: {env['task_description']}"]
-        if history:
-            parts.append("Recent history:\n" + "\n".join(f"> {a}\n{o}" for a, o in history))
+        earlier = recent_pairs(env["history"][:-1], self.history_chars)  # the last pair is shown below
+        if earlier:
+            parts.append("Earlier steps:\n" + "\n".join(f"Action: {a}\nObservation: {o}" for a, o in earlier))
+        if env["history"]:
+            parts.append(f"Your last action: {env['history'][-1][0]}")
         parts.append(f"Current observation:\n{state.observation}")
-        parts.append(f"Score so far: {env['score']:.0f}. What is your next command?")
+        parts.append(f"Score so far: {env['score']:.0f}. Reply with your next command as: Action: <command>")
         return "\n\n".join(parts)
 
     def observe(self, state: EpisodeState, primitive: str, text: str) -> Observation:

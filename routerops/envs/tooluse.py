@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from routerops.envs.jsonl_qa import verify_math
 from routerops.envs.scienceworld_env import recent_pairs  # history truncation shared by both environments
 from routerops.errors import RouteropsError
 from routerops.types import EpisodeState, Observation
@@ -168,21 +168,7 @@ def tool_output(result: SandboxResult, max_chars: int) -> str:
 
 def verify_answer(reference: str, answer: str | None) -> float:
     """1.0 when math-verify judges `answer` equal to `reference`, else 0.0."""
-    if answer is None or not str(answer).strip():
-        return 0.0
-    from math_verify import parse, verify
-
-    # math-verify's timeouts use SIGALRM, which only the main thread may set.
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    gold = parse(_as_math(reference), parsing_timeout=timeout)
-    guess = parse(_as_math(str(answer)), parsing_timeout=timeout)
-    return 1.0 if gold and guess and verify(gold, guess, timeout_seconds=timeout) else 0.0
-
-
-def _as_math(text: str) -> str:
-    # Plain answers ("391", "3/4") parse best as inline math; LaTeX answers keep their delimiters.
-    text = text.strip()
-    return text if "$" in text or "\\" in text else f"${text}$"
+    return 1.0 if answer is not None and verify_math(reference, str(answer)) else 0.0
 
 
 # ---------------------------------------------------------------- the environment

@@ -22,20 +22,23 @@ from routerops.workers.server import local_llm_server
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET, TURN_LIMIT = 0.01, 3
+# llama.cpp's server answers one request at a time, so the client timeout must cover a queue of
+# CONCURRENCY calls on a busy 2-core machine; the proxy's hangs outlast it.
+CONCURRENCY, MAX_TOKENS, TIMEOUT_S, HANG_S = 2, 8, 10.0, 12.0
 TASKS = [Task(task_id=f"add/{i}", suite="unit/add", split="train", prompt=f"What is {i} + {2 * i}?",
               answer=str(3 * i)) for i in range(1, 5)]
 POLICIES = [SinglePolicy("smol-direct"), UniformRandomRouter(seed=1), RandomMultiTurnPolicy(stop_prob=0.5, seed=1)]
 
 
 def faulty_pool(proxy_url: str):
-    """The embedded pool's LLM workers, pointed at the proxy, with small outputs and a short timeout
-    (the proxy's hangs outlast it)."""
+    """The embedded pool's LLM workers, pointed at the proxy, with small outputs."""
     pool = load_pool(REPO / "configs" / "pool.yaml")
     llms = []
     for spec in pool.workers:
         if spec.kind == "llm":
-            generation = {**spec.generation, "max_tokens": min(12, spec.generation["max_tokens"])}
-            llms.append(dataclasses.replace(spec, endpoint=proxy_url, generation=generation, timeout_s=4.0))
+            generation = {**spec.generation, "max_tokens": MAX_TOKENS}
+            llms.append(dataclasses.replace(spec, endpoint=proxy_url, generation=generation,
+                                            timeout_s=TIMEOUT_S, concurrency=CONCURRENCY))
     return dataclasses.replace(pool, workers=tuple(llms))
 
 
@@ -43,12 +46,12 @@ def faulty_pool(proxy_url: str):
 async def test_collection_through_injected_faults_finishes_with_the_planned_episodes(tmp_path):
     book = load_price_book(REPO / "configs" / "prices" / "collection-2026-11.yaml")
     with local_llm_server() as server_url:
-        proxy = FaultProxy(server_url, fault_rate=0.2, seed=3, hang_s=8.0)
+        proxy = FaultProxy(server_url, fault_rate=0.2, seed=3, hang_s=HANG_S)
         with proxy as proxy_url:
             pool = faulty_pool(proxy_url)
             workers = build_workers(pool, local_base_url=None)
             episodes, turns = await collect(TASKS, POLICIES, QAEnvironment(), workers, book, BUDGET, TURN_LIMIT,
-                                            tmp_path, "faults", 0, concurrency=4, progress=False)
+                                            tmp_path, "faults", 0, concurrency=CONCURRENCY, progress=False)
             for worker in workers.values():
                 await worker.aclose()
 
@@ -59,7 +62,7 @@ async def test_collection_through_injected_faults_finishes_with_the_planned_epis
     completed = episodes[episodes["ended_by"] != "error"]
     assert (failed["error"].str.len() > 0).all() and (completed["error"] == "").all()
     assert sum(proxy.faults.values()) > 0, "the proxy injected no fault: the test proved nothing"
-    assert sum(sum(w.stats.retried.values()) for w in workers.values()) > 0
+    assert sum(w.stats.attempts - w.stats.calls for w in workers.values()) > 0  # faults were retried
     assert (episodes["cost_usd"] <= BUDGET).all()
     answered = turns[turns["response"] != ""]
     assert len(answered) > 0 and (answered["prompt_tokens"] > 0).all()
@@ -67,4 +70,4 @@ async def test_collection_through_injected_faults_finishes_with_the_planned_epis
     systems = {spec.name: spec.generation.get("system", "") for spec in pool.workers}
     for turn in answered.itertuples():
         assert turn.prompt_tokens <= prompt_token_bound(json.loads(turn.message), systems[turn.worker])
-        assert turn.completion_tokens <= 12
+        assert turn.completion_tokens <= MAX_TOKENS

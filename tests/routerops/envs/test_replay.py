@@ -239,7 +239,7 @@ def test_routellm_query_ids_join_the_gsm8k_test_tasks(routellm):
 @shared
 @pytest.mark.shared
 def test_routellm_without_the_contamination_list_keeps_all_rows():
-    df = import_routellm_gsm8k(ROUTELLM / "gsm8k_responses.csv", count_tokens=len)
+    df = import_routellm_gsm8k(ROUTELLM / "gsm8k_responses.csv")
     assert df["query_id"].nunique() == 1319
 
 
@@ -267,11 +267,11 @@ def test_bad_routellm_csv_names_the_column(tmp_path):
     path = tmp_path / "r.csv"
     pd.DataFrame({"prompt": ["q"], "m": ["maybe"], "m_response": ["r"]}).to_csv(path, index=False)
     with pytest.raises(InputError) as err:
-        import_routellm_gsm8k(path, count_tokens=len)
+        import_routellm_gsm8k(path)
     assert (err.value.path, err.value.field) == (str(path), "m")
     pd.DataFrame({"question": ["q"], "m": ["True"], "m_response": ["r"]}).to_csv(path, index=False)
     with pytest.raises(InputError) as err:
-        import_routellm_gsm8k(path, count_tokens=len)
+        import_routellm_gsm8k(path)
     assert err.value.field == "prompt"
 
 

@@ -69,6 +69,7 @@ def test_unknown_or_overlapping_task_types_are_input_errors():
     ("THOUGHT: explore.\n```text\nlook around\n```", "look around"),
     ("I will look.\nAction: `look around`.", "look around"),
     ("go to kitchen\nthen look", "go to kitchen"),
+    ("Your next command is:\nlook around", "look around"),
     ("", ""),
 ])
 def test_parse_command(reply, command):
@@ -140,7 +141,9 @@ def test_episode_on_the_real_simulator():
 
         nonsense = env.observe(state, "answer", "Action: frobnicate the quantum banana")
         assert nonsense.errors == [{"rule": "no_known_action", "severity": "high"}]
-        assert "frobnicate the quantum banana" in env.request(state, "answer")[1]["content"]  # history shown
+        prompt = env.request(state, "answer")[1]["content"]
+        assert "Action: open door to kitchen\nObservation: The door is now open." in prompt  # earlier steps
+        assert "Your last action: frobnicate the quantum banana" in prompt
 
         assert -100 <= env.score(state) <= 100
         failed = env.observe(state, "answer", "Action: focus on air")  # the wrong substance fails the task

@@ -1,0 +1,103 @@
+"""End to end: the Prefect flow on a tiny suite with the real local LLM server, then DVC.
+
+Checks the issue's promises: the flow leaves trajectories with real token counts, a passed
+validation, the evaluation report with its plot and MLflow runs; `dvc repro` right after is a
+no-op; a price change re-runs only the cost stages, with no LLM call.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def copy_repository(dst: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        if (REPO / name).is_file():
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, dst / name)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], cwd=dst, check=True)
+    subprocess.run(git + ["add", "-A"], cwd=dst, check=True)
+    subprocess.run(git + ["commit", "-qm", "copy"], cwd=dst, check=True)
+
+
+def shrink_params(root: Path) -> None:
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["materialise"].update(train=1, val=1, test=1, ood=2)
+    params["collect"].update(concurrency=2)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def dvc(root: Path, *args: str) -> str:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    out = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout + out.stderr
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    root = tmp_path / "repo"
+    root.mkdir()
+    copy_repository(root)
+    shrink_params(root)
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow' / 'test.db'}")
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    return root
+
+
+def test_flow_then_dvc_repro_then_price_change(project):
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.pipeline import pipeline
+
+    with prefect_test_harness(server_startup_timeout=300):
+        run_ids = pipeline()
+
+    turns = pd.read_parquet(project / "data/raw/turns.parquet")
+    llm_turns = turns[turns.worker.isin(["smol-direct", "smol-cot"])]
+    assert len(llm_turns) > 0 and (llm_turns.prompt_tokens > 0).all() and (llm_turns.completion_tokens > 0).all()
+    assert yaml.safe_load((project / "reports/validation.json").read_text())["passed"] is True
+    assert (project / "reports/eval/accuracy_cost.png").stat().st_size > 1000
+    leaderboard = pd.read_csv(project / "reports/eval/leaderboard.csv")
+    assert {"uniform_random", "random_multi_turn", "single/smol-direct/answer"} <= set(leaderboard.policy)
+
+    import mlflow
+
+    runs = mlflow.search_runs(experiment_names=["routerops-pipeline"])
+    assert {"pipeline", "collect", "evaluate"} <= set(runs["tags.mlflow.runName"])
+    assert set(run_ids) >= {"pipeline", "collect", "validate", "evaluate"}
+
+    assert "Data and pipelines are up to date" in dvc(project, "status")
+    out = dvc(project, "repro")
+    assert "Running stage" not in out, out
+
+    before = pd.read_parquet(project / "data/priced/episodes.parquet").cost_usd.sum()
+    book_path = project / "configs/prices/current.yaml"
+    book = yaml.safe_load(book_path.read_text())
+    book["version"] = "2026-12-01"
+    book["effective_date"] = "2026-12-01"
+    book["prices"]["smol-cot"]["output_per_1m"] *= 2
+    book_path.write_text(yaml.safe_dump(book))
+    out = dvc(project, "repro")
+    assert "Running stage 'reprice'" in out and "Running stage 'evaluate'" in out, out
+    assert "Running stage 'collect'" not in out and "Running stage 'materialise'" not in out, out
+    after = pd.read_parquet(project / "data/priced/episodes.parquet")
+    assert set(after.price_book_version) == {"2026-12-01"}
+    assert after.cost_usd.sum() > before
