@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from routerops import schema
-from routerops.errors import RouteropsError
+from routerops.errors import InputError, RouteropsError
 
 STAGES = ("materialise", "collect", "reprice", "validate", "evaluate")
 
@@ -30,8 +30,11 @@ def reprice_command(args: argparse.Namespace) -> None:
 
     book = load_price_book(args.price_book)
     src, dst = Path(args.src), Path(args.out)
-    episodes = schema.read_table(src / "episodes.parquet", "episodes")
-    turns = schema.read_table(src / "turns.parquet", "turns")
+    episodes, turns = read_trajectories(src)
+    unpriced = sorted(set(turns.worker) - set(book.prices))
+    if unpriced:
+        raise InputError(args.price_book, f"prices.{unpriced[0]}", f"no price for worker {unpriced[0]!r} "
+                         f"used in {src / 'turns.parquet'}")
     episodes, turns = reprice_tables(episodes, turns, book)
     schema.write_table(episodes, dst / "episodes.parquet", "episodes")
     schema.write_table(turns, dst / "turns.parquet", "turns")
@@ -39,18 +42,41 @@ def reprice_command(args: argparse.Namespace) -> None:
           f"total ${episodes.cost_usd.sum():.6f} -> {dst}")
 
 
+def read_trajectories(src: Path):
+    """Both tables, with every row's types and token counts checked before anything is computed."""
+    from routerops.validation import check_column_types
+
+    paths = {kind: src / f"{kind}.parquet" for kind in ("episodes", "turns")}
+    tables = {kind: schema.read_table(path, kind) for kind, path in paths.items()}
+    for kind, table in tables.items():
+        check_column_types(table, kind, paths[kind])
+        for column in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+            bad = table[table[column] < 0]
+            if len(bad):
+                raise InputError(paths[kind], column, f"{len(bad)} row(s) with negative token counts, "
+                                 f"e.g. episode {bad.episode_id.iloc[0]}")
+    return tables["episodes"], tables["turns"]
+
+
 def validate_command(args: argparse.Namespace) -> None:
     from routerops.pricing import load_pool, load_price_book
-    from routerops.validation import validate_trajectories
+    from routerops.validation import check_trajectory_rows
 
     src = Path(args.src)
-    report = validate_trajectories(schema.read_table(src / "episodes.parquet", "episodes"),
-                                   schema.read_table(src / "turns.parquet", "turns"),
-                                   load_pool(args.pool), load_price_book(args.price_book))
-    for result in report.results:
-        print(("ok   " if result["success"] else "FAIL ") + result["expectation"])
-    if not report.passed:
-        raise SystemExit(1)
+    episodes, turns = read_trajectories(src)
+    report = check_trajectory_rows(episodes, turns, load_pool(args.pool), load_price_book(args.price_book),
+                                   src / "episodes.parquet", src / "turns.parquet")
+    print(f"{src}: {len(report.results)} checks passed on {report.n_episodes} episodes / {report.n_turns} turns")
+
+
+def import_qa_command(args: argparse.Namespace) -> None:
+    """GSM8K- or MATH-format JSONL → a tasks file the collect stage can run."""
+    from routerops.envs.jsonl_qa import import_jsonl_qa
+    from routerops.envs.suites import write_tasks
+
+    tasks = import_jsonl_qa(args.path, fmt=args.format, suite=args.suite, split=args.split, limit=args.limit)
+    write_tasks(tasks, Path(args.out))
+    print(f"imported {len(tasks)} tasks from {args.path} -> {args.out}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,6 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--pool", default="configs/pool.yaml")
     validate.add_argument("--price-book", default="configs/prices/current.yaml")
     validate.set_defaults(func=validate_command)
+
+    import_qa = sub.add_parser("import-qa", help="import a GSM8K / MATH JSONL file as tasks")
+    import_qa.add_argument("path")
+    import_qa.add_argument("--format", default="auto", choices=("auto", "gsm8k", "math"))
+    import_qa.add_argument("--suite", default="")
+    import_qa.add_argument("--split", default="test")
+    import_qa.add_argument("--limit", type=int, default=None)
+    import_qa.add_argument("--out", required=True)
+    import_qa.set_defaults(func=import_qa_command)
     return parser
 
 

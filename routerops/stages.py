@@ -176,9 +176,9 @@ def validate(params: Params, src: Path = PRICED) -> Path:
     write_manifest("validate", {}, [src / "episodes.parquet", src / "turns.parquet"], [VALIDATION],
                    {"passed": float(report.passed)})
     if not report.passed:
-        failed = [r for r in report.results if not r["success"]]
-        raise InputError(src / "episodes.parquet", failed[0]["column"] if failed else "?",
-                         f"{len(failed)} expectation(s) failed; see {VALIDATION}")
+        first = report.failures()[0]
+        raise InputError(src / f"{first.table}.parquet", first.column,
+                         f"{len(report.failures())} check(s) failed, first {first.check}; see {VALIDATION}")
     return VALIDATION
 
 

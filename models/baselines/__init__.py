@@ -32,6 +32,7 @@ ROUTER_FACTORIES: dict[str, RouterFactory] = {
     "cascade": lambda seed: Cascade(seed=seed),
     "knn": lambda seed: KNNRouter(),
     "logistic": lambda seed: LogisticRouter(seed=seed),
+    "logistic_tfidf": lambda seed: LogisticRouter(use_tfidf=True, seed=seed),
     "mf": lambda seed: MatrixFactorizationRouter(seed=seed),
     "mlp": lambda seed: MLPRouter(seed=seed),
     "ensemble": _ensemble,

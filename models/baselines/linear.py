@@ -6,6 +6,8 @@ import inspect
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from scipy import sparse
+from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegressionCV, RidgeCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -13,7 +15,8 @@ from sklearn.preprocessing import StandardScaler
 from models.base import Router, RoutingData
 from models.baselines.features import QueryFeaturizer, is_binary, single_threaded
 
-C_GRID = np.logspace(-4, 1, 8)  # on standardised features
+C_GRID = np.logspace(-4, 1, 8)  # on standardised dense features
+C_GRID_SPARSE = np.logspace(-2, 2, 8)  # on TF-IDF ⊕ unit-norm embedding ⊕ standardised surface features
 
 
 def _quiet_lr_options() -> dict:
@@ -25,46 +28,59 @@ def _quiet_lr_options() -> dict:
     return extra
 
 
-def fit_outcome_model(x: np.ndarray, y: np.ndarray, seed: int = 0):
-    """A calibrated P(correct | x) for one worker: L2 logistic regression on standardised features
-    with C chosen by inner 5-fold CV on log loss (continuous scores: ridge with its alpha chosen by
-    efficient leave-one-out). Returns a callable x → predicted quality."""
+def _constant(value: float):
+    return lambda z: np.full(z.shape[0], value)
+
+
+def fit_outcome_model(x, y: np.ndarray, seed: int = 0):
+    """A calibrated P(correct | x) for one worker: L2 logistic regression with C chosen by inner
+    5-fold CV on log loss (continuous scores: ridge with its alpha chosen by efficient leave-one-out).
+    Dense features are standardised first; sparse ones (TF-IDF) are used as they are, since scaling
+    rare n-grams to unit variance would amplify them. Returns a callable x → predicted quality."""
     keep = ~np.isnan(y)
     x, y = x[keep], y[keep]
     if len(np.unique(y)) < 2:
-        constant = float(y.mean()) if len(y) else 0.5
-        return lambda z: np.full(len(z), constant)
+        return _constant(float(y.mean()) if len(y) else 0.5)
+    steps = [] if sparse.issparse(x) else [StandardScaler()]
     if is_binary(y):
         folds = int(min(5, np.bincount(y.astype(int)).min()))
         if folds < 2:  # a single minority example cannot be cross-validated: use the base rate
-            constant = float(y.mean())
-            return lambda z: np.full(len(z), constant)
-        model = make_pipeline(
-            StandardScaler(),
-            LogisticRegressionCV(Cs=C_GRID, cv=folds, scoring="neg_log_loss", max_iter=3000, random_state=seed,
-                                 **_quiet_lr_options()),
-        )
+            return _constant(float(y.mean()))
+        grid = C_GRID_SPARSE if sparse.issparse(x) else C_GRID
+        model = make_pipeline(*steps, LogisticRegressionCV(
+            Cs=grid, cv=folds, scoring="neg_log_loss", max_iter=3000, random_state=seed, **_quiet_lr_options()))
         with single_threaded():
             model.fit(x, y.astype(int))
         return lambda z: model.predict_proba(z)[:, 1]
-    model = make_pipeline(StandardScaler(), RidgeCV(alphas=np.logspace(-1, 4, 8)))
+    model = make_pipeline(*steps, RidgeCV(alphas=np.logspace(-1, 4, 8)))
     with single_threaded():
         model.fit(x, y)
     return lambda z: np.clip(model.predict(z), 0.0, 1.0)
 
 
 class LogisticRouter(Router):
-    """One L2 logistic regression per worker on (embedding ⊕ surface features)."""
+    """One L2 logistic regression per worker on (embedding ⊕ surface features), optionally ⊕ TF-IDF
+    word 1–2-grams of the query (lexical cues of difficulty an embedding smooths over)."""
 
     name = "logistic"
 
-    def __init__(self, use_surface: bool = True, seed: int = 0, encoder=None):
+    def __init__(self, use_surface: bool = True, use_tfidf: bool = False, seed: int = 0, encoder=None):
         self.featurizer = QueryFeaturizer(use_surface=use_surface, encoder=encoder)
+        self.use_tfidf = use_tfidf
         self.seed = seed
         self.models_: list | None = None
 
+    def _features(self, data: RoutingData):
+        dense = self.featurizer.transform(data)
+        if not self.use_tfidf:
+            return dense
+        return sparse.hstack([self.tfidf_.transform(data.queries), sparse.csr_matrix(dense)]).tocsr()
+
     def fit(self, data: RoutingData) -> "LogisticRouter":
-        x = self.featurizer.fit(data).transform(data)
+        self.featurizer.fit(data)
+        if self.use_tfidf:
+            self.tfidf_ = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True).fit(data.queries)
+        x = self._features(data)
         scores = np.asarray(data.scores, dtype=float)
         self.models_ = [fit_outcome_model(x, scores[:, j], self.seed) for j in range(scores.shape[1])]
         return self
@@ -72,7 +88,7 @@ class LogisticRouter(Router):
     def predict_quality(self, data: RoutingData) -> np.ndarray:
         if self.models_ is None:
             raise RuntimeError("LogisticRouter.predict_quality before fit")
-        x = self.featurizer.transform(data)
+        x = self._features(data)
         return np.stack([m(x) for m in self.models_], axis=1)
 
 

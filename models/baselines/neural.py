@@ -1,7 +1,7 @@
 """Small torch routers trained with BCE on (query, worker, correct): matrix factorisation and an MLP.
 
-Both stop early on an inner validation split of the training queries (never on the evaluation fold),
-then refit on all training queries for the epoch count that split chose.
+Both stop early on inner folds of the training queries (never on the evaluation fold) and average
+the models of those folds (see TorchOutcomeRouter).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import copy
 
 import numpy as np
 import torch
+from sklearn.model_selection import KFold
 from torch import nn
 
 from models.base import Router, RoutingData
@@ -47,8 +48,11 @@ def _train_epochs(model: nn.Module, x, y, m, epochs: int, lr: float, weight_deca
 class TorchOutcomeRouter(Router):
     """Shared fit/predict for torch models mapping query features to per-worker correctness logits.
 
-    Subclasses build the module in `_build(d_in, n_workers)`. Hyper-parameters are fixed by the
-    constructor; the only data-driven choice, the epoch count, is made on an inner validation split.
+    Subclasses build the module in `_build(d_in, n_workers)`. Fitting is k-fold bagged early stopping:
+    the training queries are split into `n_bags` inner folds; one model per fold trains on the others
+    and keeps its weights from the epoch with the lowest loss on its own fold. Predictions average the
+    bag. Every query is used for training (by n_bags − 1 models) and no hyper-parameter rests on one
+    noisy validation split — a single 15% split made the MLP's APGR swing by ±0.03 between seeds.
     """
 
     def __init__(
@@ -57,16 +61,16 @@ class TorchOutcomeRouter(Router):
         weight_decay: float = 1e-2,
         max_epochs: int = 400,
         patience: int = 40,
-        val_fraction: float = 0.15,
+        n_bags: int = 5,
         use_surface: bool = True,
         seed: int = 0,
         encoder=None,
     ):
         self.lr, self.weight_decay = lr, weight_decay
-        self.max_epochs, self.patience, self.val_fraction = max_epochs, patience, val_fraction
+        self.max_epochs, self.patience, self.n_bags = max_epochs, patience, n_bags
         self.seed = seed
         self.featurizer = QueryFeaturizer(use_surface=use_surface, encoder=encoder)
-        self.model_: nn.Module | None = None
+        self.models_: list[nn.Module] | None = None
 
     def _build(self, d_in: int, n_workers: int) -> nn.Module:
         raise NotImplementedError
@@ -87,35 +91,30 @@ class TorchOutcomeRouter(Router):
         torch.manual_seed(self.seed)
         x = self.featurizer.fit(data).transform(data)
         scores = np.asarray(data.scores, dtype=float)
-        self.epochs_ = self._choose_epochs(x, scores)
-        torch.manual_seed(self.seed)
-        self.model_ = self._build(x.shape[1], scores.shape[1])
-        _train_epochs(self.model_, *self._tensors(x, scores), self.epochs_, self.lr, self.weight_decay)
-        self.model_.eval()
+        self.models_, self.epochs_ = [], []
+        if len(x) < 5 * max(self.n_bags, 2):  # too few queries to hold any out: one short, regularised fit
+            model = self._build(x.shape[1], scores.shape[1])
+            _train_epochs(model, *self._tensors(x, scores), self.max_epochs // 4, self.lr, self.weight_decay)
+            self.models_, self.epochs_ = [model.eval()], [self.max_epochs // 4]
+            return self
+        folds = KFold(n_splits=max(self.n_bags, 2), shuffle=True, random_state=self.seed).split(x)
+        for train, val in list(folds)[: self.n_bags]:
+            model = self._build(x.shape[1], scores.shape[1])
+            history, best_state = _train_epochs(
+                model, *self._tensors(x[train], scores[train]), self.max_epochs, self.lr, self.weight_decay,
+                val=self._tensors(x[val], scores[val]), patience=self.patience,
+            )
+            model.load_state_dict(best_state)
+            self.models_.append(model.eval())
+            self.epochs_.append(int(np.argmin(history)) + 1)
         return self
 
-    def _choose_epochs(self, x: np.ndarray, scores: np.ndarray) -> int:
-        n = len(x)
-        n_val = int(round(n * self.val_fraction))
-        if n_val < 5 or n - n_val < 5:
-            return self.max_epochs // 4  # too few queries to hold any out: a short, regularised fit
-        perm = np.random.default_rng(self.seed).permutation(n)
-        val, train = perm[:n_val], perm[n_val:]
-        model = self._build(x.shape[1], scores.shape[1])
-        history, _ = _train_epochs(
-            model, *self._tensors(x[train], scores[train]), self.max_epochs, self.lr, self.weight_decay,
-            val=self._tensors(x[val], scores[val]), patience=self.patience,
-        )
-        # Refit on all training queries for the epoch count the held-out split liked best; with full-batch
-        # steps (one per epoch) that count transfers to the slightly larger set.
-        return int(np.argmin(history)) + 1
-
     def predict_quality(self, data: RoutingData) -> np.ndarray:
-        if self.model_ is None:
+        if self.models_ is None:
             raise RuntimeError(f"{type(self).__name__}.predict_quality before fit")
         x = torch.as_tensor(self.featurizer.transform(data), dtype=torch.float32)
         with torch.no_grad():
-            return torch.sigmoid(self.model_(x)).numpy().astype(float)
+            return torch.stack([torch.sigmoid(m(x)) for m in self.models_]).mean(0).numpy().astype(float)
 
 
 class _MF(nn.Module):
