@@ -21,10 +21,10 @@ class PoolConfig:
 class MaterialiseConfig:
     families: list[str] = field(default_factory=lambda: ["basic_arithmetic", "chain_sum", "leg_counting"])
     ood_families: list[str] = field(default_factory=lambda: ["decimal_arithmetic"])  # only in split "ood"
-    train: int = 12  # tasks per in-distribution family, per split
-    val: int = 4
-    test: int = 8
-    ood: int = 8  # tasks per held-out family
+    train: int = 6  # tasks per in-distribution family, per split
+    val: int = 2
+    test: int = 4
+    ood: int = 6  # tasks per held-out family
     seed: int = 7
 
 
@@ -38,6 +38,7 @@ class CollectConfig:
     train_policies: list[str] = field(default_factory=lambda: ["uniform_random", "random_multi_turn"])
     stop_prob: float = 0.5  # random multi-turn policy: P(stop) once an answer exists
     server_ctx: int = 2048  # context window of the embedded llama.cpp server
+    server_threads: int = 2  # llama.cpp generation threads; 1 is faster on a machine busy with other work
 
 
 @dataclass(frozen=True)

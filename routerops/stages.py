@@ -7,6 +7,7 @@ hashes) under reports/stages/ that the track stage turns into one MLflow run per
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -109,7 +110,7 @@ def collect(params: Params) -> tuple[Path, Path]:
     evaluation = [t for t in tasks if t.split in params.evaluate.splits]
 
     uses_local = any(w.kind == "llm" and w.endpoint == "local" for w in pool.workers)
-    with local_llm_server(n_ctx=cfg.server_ctx) if uses_local else _no_server() as base_url:
+    with local_llm_server(n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) if uses_local else contextlib.nullcontext() as base_url:
         workers = build_workers(pool, base_url)
         common = dict(env=QAEnvironment(), workers=workers, book=book, budget_usd=cfg.budget_usd,
                       turn_limit=cfg.turn_limit, run_id=run_id, seed=cfg.seed, concurrency=cfg.concurrency)
@@ -124,14 +125,6 @@ def collect(params: Params) -> tuple[Path, Path]:
                "prompt_tokens": int(turns.prompt_tokens.sum()), "completion_tokens": int(turns.completion_tokens.sum())}
     write_manifest("collect", cfg, [TASKS, Path(params.pool.file), Path(cfg.price_book)], outputs, metrics)
     return outputs[0], outputs[1]
-
-
-class _no_server:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def reprice_tables(episodes: pd.DataFrame, turns: pd.DataFrame, book) -> tuple[pd.DataFrame, pd.DataFrame]:
