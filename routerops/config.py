@@ -19,8 +19,8 @@ class PoolConfig:
 
 @dataclass(frozen=True)
 class MaterialiseConfig:
-    families: list[str] = field(default_factory=lambda: ["basic_arithmetic", "chain_sum", "leg_counting"])
-    ood_families: list[str] = field(default_factory=lambda: ["decimal_arithmetic"])  # only in split "ood"
+    families: list[str] = field(default_factory=lambda: ["basic_arithmetic", "chain_sum", "gcd", "lcm"])
+    ood_families: list[str] = field(default_factory=lambda: ["decimal_chain_sum"])  # only in split "ood"
     train: int = 6  # tasks per in-distribution family, per split
     val: int = 2
     test: int = 4

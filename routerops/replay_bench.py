@@ -261,26 +261,33 @@ def default_factories() -> dict[str, RouterFactory]:
 def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_book: PriceBook | str | Path | None,
                          routers: Sequence[str], k: int = 5, seeds: Sequence[int] = (0, 1, 2),
                          factories: dict[str, RouterFactory] | None = None, encoder=None, n_boot: int = 1000,
-                         include_singles: bool = True, progress: bool = True) -> pd.DataFrame:
+                         include_singles: bool = True, progress: bool = True,
+                         single_seed: Sequence[str] = ("oracle", "prompted_llm")) -> pd.DataFrame:
     """Leaderboard of `routers` (registry names, or keys of `factories`) on one logged-outcome table.
 
     One row per router (and per single worker): AIQ, APGR, CPT50, CPT80 (two-worker tables), best
     accuracy, USD per query at 95% of the strong worker's accuracy, gain over and cost saved against
     the best single worker, with 95% bootstrap intervals for AIQ and APGR. The sweep curves of the
     first seed are in `.attrs["curves"]`. `table` may already be RoutingData (then price_book is unused).
+    Routers named in `single_seed` are deterministic given their folds (or slow: an LLM per query)
+    and run with the first seed only.
     """
     from tqdm.auto import tqdm
 
     from models.baselines import make_router
 
-    data = table if isinstance(table, RoutingData) else routing_data_from_table(table, price_book, encoder)
+    if isinstance(table, RoutingData):
+        data, book_version = table, None
+    else:
+        book = price_book if isinstance(price_book, PriceBook) else load_price_book(price_book)
+        data, book_version = routing_data_from_table(table, book, encoder), book.version
     factories = {**default_factories(), **(factories or {})}
     names = ([f"single:{w}" for w in data.workers] if include_singles else []) + list(routers)
     rows, curves = [], []
     for name in tqdm(names, desc="routers", disable=not progress):
         factory = factories.get(name) or (lambda seed, _n=name: make_router(_n, seed))
         single = name.startswith("single:")
-        stochastic = not (single or name == "oracle")
+        stochastic = not (single or name in single_seed)
         # A single worker has one operating point: no curve whose area a resample could vary.
         row, curve = evaluate_router(name, factory, data, k=k, seeds=seeds if stochastic else seeds[:1],
                                      n_boot=0 if single else n_boot)
@@ -290,4 +297,52 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
     board.attrs["curves"] = pd.concat(curves, ignore_index=True)
     board.attrs["n_queries"] = len(data)
     board.attrs["workers"] = list(data.workers)
+    board.attrs["price_book"] = book_version
+    board.attrs["k"], board.attrs["seeds"] = k, list(seeds)
     return board
+
+
+# ---------------------------------------------------------------- command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """python -m routerops.replay_bench --table T.parquet --prices P.yaml --routers knn mlp ... --out board.csv"""
+    import argparse
+    import contextlib
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(description="Cross-fitted replay benchmark of routers on logged outcomes.")
+    parser.add_argument("--table", required=True, type=Path, help="logged outcomes (.parquet or .csv)")
+    parser.add_argument("--prices", required=True, type=Path, help="price book the costs are derived under")
+    parser.add_argument("--routers", nargs="+", default=["random", "oracle", "knn", "logistic", "mf", "mlp"])
+    parser.add_argument("--k", type=int, default=5, help="cross-fitting folds")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--bootstrap", type=int, default=1000)
+    parser.add_argument("--llm-base-url", help="OpenAI-compatible endpoint for prompted_llm; default: the local server")
+    parser.add_argument("--out", type=Path, help="leaderboard CSV; curves go beside it as <name>.curves.csv")
+    args = parser.parse_args(argv)
+
+    with contextlib.ExitStack() as stack:
+        factories = {}
+        if "prompted_llm" in args.routers:
+            from models.baselines import PromptedLLMRouter
+            from routerops.workers.server import local_llm_server
+
+            url = args.llm_base_url or stack.enter_context(local_llm_server())
+            factories["prompted_llm"] = lambda seed: PromptedLLMRouter(base_url=url)
+        board = run_replay_benchmark(args.table, args.prices, args.routers, k=args.k, seeds=args.seeds,
+                                     factories=factories, n_boot=args.bootstrap)
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(board.round(4).to_string(index=False))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        board.to_csv(args.out, index=False)
+        board.attrs["curves"].to_csv(args.out.with_suffix(".curves.csv"), index=False)
+        meta = {k: v for k, v in board.attrs.items() if k != "curves"}
+        args.out.with_suffix(".meta.json").write_text(json.dumps({**meta, "argv": list(sys.argv[1:] if argv is None else argv)}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
