@@ -129,8 +129,8 @@ def paired_difference(candidate: Outcomes, champion: Outcomes, cfg: GateConfig,
         # scipy hands a batch of resampled index vectors (..., n); the AIQ of a resample is not a mean,
         # so each resample's curve is rebuilt from the per-query outcomes it selects.
         rows = np.atleast_2d(idx).astype(int)
-        values = [objective_value(candidate, cfg.objective, window, r) - objective_value(champion, cfg.objective, window, r)
-                  for r in rows]
+        values = [objective_value(candidate, cfg.objective, window, r)
+                  - objective_value(champion, cfg.objective, window, r) for r in rows]
         return np.array(values).reshape(np.shape(idx)[:-1])
 
     return metrics.bootstrap_ci(np.arange(candidate.n, dtype=float), diff, n_boot=cfg.n_boot, seed=cfg.seed,

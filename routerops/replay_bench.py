@@ -14,6 +14,7 @@ router names through `models.baselines.make_router` unless factories are given.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,10 +44,14 @@ def cross_fit(data: RoutingData, router_factory: RouterFactory | Callable[[], Ro
 
 
 def _build(factory, seed: int) -> Router:
-    try:
-        return factory(seed)
-    except TypeError:  # a zero-argument factory (e.g. a class) is fine too
+    """factory(seed), or factory() for a router class or a zero-argument callable."""
+    if isinstance(factory, type):
         return factory()
+    try:
+        takes_seed = bool(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature: assume the documented form
+        takes_seed = True
+    return factory(seed) if takes_seed else factory()
 
 
 def knob_grid(router: Router, quality: np.ndarray, costs: np.ndarray, n_points: int = 201) -> np.ndarray:

@@ -48,7 +48,9 @@ def use_tracking(cfg: TrackConfig) -> str:
     if mlflow.get_experiment_by_name(cfg.experiment) is None:
         artifact_root = Path(cfg.artifact_root).resolve()
         artifact_root.mkdir(parents=True, exist_ok=True)
-        mlflow.create_experiment(cfg.experiment, artifact_location=artifact_root.as_uri())
+        # The tag makes MLflow 3 open the experiment on its runs table, not the GenAI overview.
+        mlflow.create_experiment(cfg.experiment, artifact_location=artifact_root.as_uri(),
+                                 tags={"mlflow.experimentKind": "custom_model_development"})
     mlflow.set_experiment(cfg.experiment)
     return uri
 

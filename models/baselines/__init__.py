@@ -1,7 +1,7 @@
 """Baseline routers beside every learned router (design: Evaluation protocol), and a registry of them.
 
 `make_router(name, seed)` builds a fresh, unfitted router from its registry name; `single:<worker>`
-names a single-worker baseline. Add a router by adding a factory to ROUTER_FACTORIES.
+names a single-worker baseline. Add a router by adding a factory to the registry dict below.
 """
 
 from __future__ import annotations
@@ -21,8 +21,15 @@ RouterFactory = Callable[[int], Router]
 
 
 def _ensemble(seed: int) -> Router:
+    """Every learned one-call baseline, averaged: kNN, logistic (embedding ⊕ TF-IDF), MLP and MF."""
     return EnsembleRouter(
-        [lambda: KNNRouter(), lambda: LogisticRouter(seed=seed), lambda: MLPRouter(seed=seed)], name="ensemble"
+        [
+            lambda: KNNRouter(),
+            lambda: LogisticRouter(use_tfidf=True, seed=seed),
+            lambda: MLPRouter(seed=seed),
+            lambda: MatrixFactorizationRouter(seed=seed),
+        ],
+        name="ensemble",
     )
 
 

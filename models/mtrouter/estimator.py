@@ -81,8 +81,10 @@ class OutcomeNet(nn.Module):
 class OutcomeEstimator:
     """Trains `cfg.ensemble` OutcomeNets (seeds seed, seed+1 …) and averages their predictions.
 
-    Inputs and targets are standardised on the training set (so one learning rate suits any score
-    scale); predictions come back in target units.
+    Targets are standardised on the training set (so one learning rate suits any score scale) and
+    predictions come back in target units. Inputs are used as the featurizer gives them: the
+    sentence embedding is already L2-normalised, and z-scoring its 384 near-noise dimensions made
+    the MLP overfit within one epoch on small tables.
     """
 
     def __init__(self, table: AttributeTable, cfg: MTRouterConfig):
@@ -91,13 +93,10 @@ class OutcomeEstimator:
         self.device = pick_device(cfg.device)
         self.nets: list[OutcomeNet] = []
         self.reports: list[FitReport] = []
-        self.x_mean = self.x_std = None
         self.y_mean, self.y_std = 0.0, 1.0
 
     # ---- training
     def fit(self, train: TrainingSet, val: TrainingSet | None = None) -> "OutcomeEstimator":
-        x = train.features()
-        self.x_mean, self.x_std = x.mean(axis=0), x.std(axis=0) + 1e-6
         self.y_mean, self.y_std = float(train.targets.mean()), float(train.targets.std()) or 1.0
         self.nets, self.reports = [], []
         for k in range(self.cfg.ensemble):
@@ -107,7 +106,7 @@ class OutcomeEstimator:
         return self
 
     def _tensors(self, data: TrainingSet) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        hist = torch.as_tensor((data.histories - self.x_mean) / self.x_std, dtype=torch.float32, device=self.device)
+        hist = torch.as_tensor(data.histories, dtype=torch.float32, device=self.device)
         return (hist, torch.as_tensor(data.history_idx, dtype=torch.long, device=self.device),
                 torch.as_tensor(data.model_idx, dtype=torch.long, device=self.device),
                 torch.as_tensor((data.targets - self.y_mean) / self.y_std, dtype=torch.float32, device=self.device))
@@ -155,15 +154,14 @@ class OutcomeEstimator:
             return float(nn.functional.mse_loss(net(hist[hidx], midx), y))
 
     # ---- prediction
-    def _standardise(self, zx: np.ndarray) -> torch.Tensor:
+    def _input(self, zx: np.ndarray) -> torch.Tensor:
         if not self.nets:
             raise RuntimeError("OutcomeEstimator used before fit()")
-        return torch.as_tensor((np.asarray(zx, dtype=np.float32) - self.x_mean) / self.x_std, dtype=torch.float32,
-                               device=self.device)
+        return torch.as_tensor(np.asarray(zx, dtype=np.float32), dtype=torch.float32, device=self.device)
 
     def predict(self, zx: np.ndarray, model_idx: np.ndarray) -> np.ndarray:
         """ŝ for n (history, model) pairs: zx (n, d), model_idx (n,)."""
-        x, m = self._standardise(zx), torch.as_tensor(model_idx, dtype=torch.long, device=self.device)
+        x, m = self._input(zx), torch.as_tensor(model_idx, dtype=torch.long, device=self.device)
         with torch.inference_mode():
             out = torch.stack([net(x, m) for net in self.nets]).mean(0)
         return out.cpu().numpy() * self.y_std + self.y_mean
@@ -176,7 +174,7 @@ class OutcomeEstimator:
 
     def score_candidates(self, zx: np.ndarray, model_idx: np.ndarray) -> np.ndarray:
         """(c,) ŝ of one history (d,) against c candidates, all in one batch (§3.2)."""
-        x, m = self._standardise(zx[None, :]), torch.as_tensor(model_idx, dtype=torch.long, device=self.device)
+        x, m = self._input(zx[None, :]), torch.as_tensor(model_idx, dtype=torch.long, device=self.device)
         with torch.inference_mode():
             out = torch.stack([net.score_candidates(x, m) for net in self.nets]).mean(0)
         return out.cpu().numpy() * self.y_std + self.y_mean

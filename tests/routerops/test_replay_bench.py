@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from models.base import Router, RoutingData
@@ -149,3 +150,55 @@ def test_oracle_apgr_on_routellm_gsm8k(routellm):
     result = two_worker_metrics(Oracle().predict_quality(routellm), routellm)
     print(f"oracle APGR on RouteLLM GSM8K: {result['apgr']:.3f}")
     assert result["apgr"] > 1.0
+
+
+# ------------------------------------------------------------------ files in, leaderboard out
+
+
+def long_table(n: int = 40) -> pd.DataFrame:
+    """A logged-outcome table in the documented long format: 'cheap' is right on even queries."""
+    rows = []
+    for i in range(n):
+        query = f"Question {i}: what is {i} plus {2 * i}?"
+        for worker, right, completion in (("cheap", i % 2 == 0, 20), ("dear", i % 5 != 0, 80)):
+            rows.append({"dataset": "toy", "query_id": f"toy/{i}", "query": query, "worker": worker,
+                         "score": float(right), "prompt_tokens": 30 + i, "completion_tokens": completion})
+    return pd.DataFrame(rows)
+
+
+def price_book(path: Path, dear_output: float) -> Path:
+    path.write_text(
+        "version: v-" + str(dear_output) + "\neffective_date: 2026-01-01\nprices:\n"
+        "  cheap: {input_per_1m: 0.1, output_per_1m: 0.2}\n"
+        f"  dear: {{input_per_1m: 5.0, output_per_1m: {dear_output}}}\n"
+    )
+    return path
+
+
+def test_cli_reprices_without_touching_accuracy(tmp_path, monkeypatch):
+    from routerops.envs.replay import write_logged_outcomes
+    from routerops.replay_bench import main
+
+    monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
+    table = write_logged_outcomes(long_table(), tmp_path / "toy.parquet")
+    boards = {}
+    for dear_output in (15.0, 60.0):
+        out = tmp_path / f"board-{dear_output}.csv"
+        argv = ["--table", str(table), "--prices", str(price_book(tmp_path / f"p{dear_output}.yaml", dear_output)),
+                "--routers", "random", "oracle", "--k", "4", "--seeds", "0", "--bootstrap", "20", "--out", str(out)]
+        assert main(argv) == 0
+        assert out.with_suffix(".curves.csv").is_file() and out.with_suffix(".meta.json").is_file()
+        boards[dear_output] = pd.read_csv(out).set_index("router")
+    cheap, dear = boards[15.0], boards[60.0]
+    pd.testing.assert_series_equal(cheap["best_accuracy"], dear["best_accuracy"])
+    assert dear.loc["single:dear", "usd_per_query_at_best"] > cheap.loc["single:dear", "usd_per_query_at_best"]
+    assert dear.loc["single:cheap", "usd_per_query_at_best"] == pytest.approx(cheap.loc["single:cheap", "usd_per_query_at_best"])
+    assert '"price_book": "v-60.0"' in (tmp_path / "board-60.0.meta.json").read_text()
+
+
+def test_cross_fit_accepts_classes_and_zero_argument_factories(table):
+    from models.baselines import KNNRouter
+
+    by_class = cross_fit(table, KNNRouter, k=3, seed=0)
+    by_lambda = cross_fit(table, lambda: KNNRouter(), k=3, seed=0)
+    np.testing.assert_array_equal(by_class, by_lambda)
