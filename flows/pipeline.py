@@ -1,4 +1,5 @@
-"""The main pipeline flow: materialise → collect → reprice → validate → evaluate → track.
+"""The main pipeline flow: materialise → collect → reprice → validate → evaluate → routers →
+register → track.
 
 Run it with `python -m flows.pipeline` from the repository root (what `make demo` does). The same
 stage functions back `dvc.yaml`; the flow finishes by recording its outputs in dvc.lock
@@ -18,7 +19,9 @@ from tasks.stages import (
     collect_task,
     evaluate_task,
     materialise_task,
+    register_task,
     reprice_task,
+    routers_task,
     track_task,
     validate_task,
 )
@@ -32,7 +35,9 @@ def pipeline(params_file: str = "params.yaml", record_in_dvc: bool = True) -> di
     priced = reprice_task(params, raw)
     validation = validate_task(params, priced)
     report = evaluate_task(params, validation)
-    run_ids = track_task(params, report)
+    router_report = routers_task(params, report)
+    registered = register_task(params, router_report)
+    run_ids = track_task(params, registered)
     if record_in_dvc:
         record_outputs_in_dvc()
     return run_ids

@@ -54,6 +54,28 @@ class EvaluateConfig:
 
 
 @dataclass(frozen=True)
+class RoutersConfig:
+    """Cross-fitted benchmark of the routers on the collected (task × worker) grid."""
+
+    routers: list[str] = field(default_factory=lambda: ["random", "oracle", "cascade", "knn", "logistic", "mf", "mlp"])
+    k: int = 5  # cross-fitting folds: no router scores a query it trained on
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    bootstrap: int = 200  # resamples for the 95% intervals of AIQ / APGR
+
+
+@dataclass(frozen=True)
+class RegisterConfig:
+    """Fit the best learned router, register it in MLflow and run the promotion gate."""
+
+    candidates: list[str] = field(default_factory=lambda: ["knn", "logistic", "mf", "mlp"])  # eligible families
+    objective: str = "aiq"  # gate objective: "aiq" or "accuracy_at_budget"
+    budget_usd: float | None = None  # for accuracy_at_budget: the per-query budget
+    test_fraction: float = 0.3  # held-out share of the grid the gate judges on
+    n_boot: int = 2000
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class TrackConfig:
     tracking_uri: str = "sqlite:///mlflow/mlflow.db"  # MLFLOW_TRACKING_URI overrides (tests use a temp dir)
     artifact_root: str = "mlflow/artifacts"  # where new experiments keep their artifacts
@@ -67,6 +89,8 @@ class Params:
     collect: CollectConfig = field(default_factory=CollectConfig)
     reprice: RepriceConfig = field(default_factory=RepriceConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    routers: RoutersConfig = field(default_factory=RoutersConfig)
+    register: RegisterConfig = field(default_factory=RegisterConfig)
     track: TrackConfig = field(default_factory=TrackConfig)
 
 

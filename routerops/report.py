@@ -121,6 +121,43 @@ def plot_accuracy_cost(leaderboard: pd.DataFrame, path: str | Path, title: str =
     return path
 
 
+def plot_router_curves(curves: pd.DataFrame, leaderboard: pd.DataFrame, path: str | Path,
+                       title: str = "Routers: accuracy vs cost") -> Path:
+    """Each router's accuracy–cost curve over its knob (columns router, usd_per_query, accuracy);
+    single workers (one operating point each) as labelled dots."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
+    try:
+        for name, curve in curves.groupby("router", sort=False):
+            curve = curve.sort_values("usd_per_query", kind="mergesort")
+            if str(name).startswith("single:"):
+                ax.scatter(curve.usd_per_query, curve.accuracy, s=50, marker="s", zorder=3)
+                ax.annotate(str(name), (curve.usd_per_query.iloc[0], curve.accuracy.iloc[0]),
+                            textcoords="offset points", xytext=(6, -10), fontsize=8)
+            else:
+                aiq = leaderboard.set_index("router").aiq.get(name, float("nan"))
+                ax.plot(curve.usd_per_query, curve.accuracy, marker=".", markersize=3, linewidth=1.2,
+                        label=f"{name} (AIQ {aiq:.3f})")
+        if wants_log_x(curves.usd_per_query.to_numpy(float)):
+            ax.set_xscale("log")
+        ax.set_xlabel("USD per query")
+        ax.set_ylabel("accuracy")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=7)
+        fig.tight_layout()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+    return path
+
+
 # ---------------------------------------------------------------- files
 
 

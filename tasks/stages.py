@@ -37,8 +37,22 @@ def evaluate_task(params: Params, validation: Path) -> dict[str, Path]:
     return stages.evaluate(params)
 
 
+@task(name="benchmark-routers")
+def routers_task(params: Params, report: dict[str, Path]) -> dict[str, Path]:
+    from models.stages import benchmark_routers
+
+    return benchmark_routers(params)
+
+
+@task(name="register-best-router")
+def register_task(params: Params, router_report: dict[str, Path]) -> dict:
+    from tasks.register_stage import register_best_router
+
+    return register_best_router(params)
+
+
 @task(name="track-in-mlflow")
-def track_task(params: Params, report: dict[str, Path]) -> dict[str, str]:
+def track_task(params: Params, registered: dict) -> dict[str, str]:
     from tasks.tracking import log_pipeline_runs
 
     run_ids = log_pipeline_runs(params.track)

@@ -15,7 +15,7 @@ from typing import Any
 
 from routerops.config import TrackConfig
 
-STAGE_ORDER = ("materialise", "collect", "reprice", "validate", "evaluate")
+STAGE_ORDER = ("materialise", "collect", "reprice", "validate", "evaluate", "routers", "register")
 
 
 def git_commit() -> str:
