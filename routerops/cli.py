@@ -79,6 +79,25 @@ def import_qa_command(args: argparse.Namespace) -> None:
     print(f"imported {len(tasks)} tasks from {args.path} -> {args.out}")
 
 
+def import_routellm_command(args: argparse.Namespace) -> None:
+    """RouteLLM's gsm8k_responses.csv → a logged-outcomes table (docs/replay_format.md)."""
+    from routerops.envs.replay import import_routellm_gsm8k, write_logged_outcomes
+
+    table = import_routellm_gsm8k(args.csv, contaminated_path=args.contaminated, train_path=args.train)
+    write_logged_outcomes(table, Path(args.out))
+    print(f"{table.query_id.nunique()} queries x {table.worker.nunique()} workers -> {args.out}")
+
+
+def replay_command(args: argparse.Namespace) -> None:
+    """Cross-fitted leaderboard of every router on a logged-outcomes table (no live call)."""
+    from routerops.replay_bench import main as replay_main
+
+    argv = ["--table", args.table, "--prices", args.prices, "--k", str(args.k), "--out", args.out,
+            "--bootstrap", str(args.bootstrap), "--routers", *args.routers, "--seeds", *map(str, args.seeds)]
+    if replay_main(argv):
+        raise SystemExit(1)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="routerops", description="cost-aware LLM router pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,6 +127,24 @@ def build_parser() -> argparse.ArgumentParser:
     import_qa.add_argument("--limit", type=int, default=None)
     import_qa.add_argument("--out", required=True)
     import_qa.set_defaults(func=import_qa_command)
+
+    routellm = sub.add_parser("import-routellm", help="import RouteLLM's gsm8k_responses.csv as logged outcomes")
+    routellm.add_argument("--csv", required=True)
+    routellm.add_argument("--contaminated", help="gsm8k_contaminated_prompts.jsonl (those prompts are dropped)")
+    routellm.add_argument("--train", help="GSM8K train.jsonl: token counts include RouteLLM's 8-shot prefix")
+    routellm.add_argument("--out", required=True)
+    routellm.set_defaults(func=import_routellm_command)
+
+    replay = sub.add_parser("replay", help="cross-fitted router leaderboard on a logged-outcomes table")
+    replay.add_argument("--table", required=True)
+    replay.add_argument("--prices", required=True, help="price book the costs are derived under")
+    replay.add_argument("--routers", nargs="+",
+                        default=["random", "oracle", "cascade", "knn", "logistic", "mf", "mlp", "ensemble"])
+    replay.add_argument("--k", type=int, default=5)
+    replay.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    replay.add_argument("--bootstrap", type=int, default=1000)
+    replay.add_argument("--out", default="reports/replay/leaderboard.csv")
+    replay.set_defaults(func=replay_command)
     return parser
 
 

@@ -92,6 +92,8 @@ class Params:
     routers: RoutersConfig = field(default_factory=RoutersConfig)
     register: RegisterConfig = field(default_factory=RegisterConfig)
     track: TrackConfig = field(default_factory=TrackConfig)
+    # The MTRouter flow's section; typed and checked by models.mtrouter.pipeline.load_run.
+    mtrouter: dict = field(default_factory=dict)
 
 
 def _build(cls: type, raw: Any, path: Path, where: str) -> Any:

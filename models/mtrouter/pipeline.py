@@ -1,0 +1,163 @@
+"""MTRouter's stages (paper 000, §3–4): collect → train estimator and ablations → evaluate.
+
+Each is one function called by the Prefect tasks of flows/mtrouter.py. Defaults live in
+params.yaml, section `mtrouter` (small scale for this CPU; the README gives the paper-scale run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from models.mtrouter.ablations import ABLATIONS, ablation_config
+from models.mtrouter.config import MTRouterConfig
+from routerops import schema
+from routerops.errors import InputError
+from routerops.pricing import Pool, load_pool, load_price_book
+
+OUT = Path("data/mtrouter")
+REPORT = Path("reports/mtrouter")
+
+
+@dataclass(frozen=True)
+class MTRouterRun:
+    """params.yaml → mtrouter: the environment, data collection and evaluation of the small run."""
+
+    pool: str = "configs/pool.yaml"
+    price_book: str = "configs/prices/current.yaml"
+    id_types: list[str] = field(default_factory=lambda: ["find-plant", "boil"])
+    ood_types: list[str] = field(default_factory=lambda: ["find-non-living-thing"])
+    max_variations: int = 5  # per task type (paper: at most N variations per type)
+    budget_usd: float = 0.05  # B, per episode
+    turn_limit: int = 6  # Tmax
+    concurrency: int = 2
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # estimator seeds for mean ± std
+    ablations: list[str] = field(default_factory=lambda: list(ABLATIONS))
+    cost_weight: float = 0.0  # λ of the cost-aware variant: score − λ·predicted cost
+    estimator: dict = field(default_factory=dict)  # overrides of MTRouterConfig (paper defaults)
+
+
+def load_run(path: str | Path = "params.yaml") -> MTRouterRun:
+    raw = (yaml.safe_load(Path(path).read_text()) or {}).get("mtrouter", {}) or {}
+    unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(MTRouterRun)})
+    if unknown:
+        raise InputError(path, f"mtrouter.{unknown[0]}", "unknown key")
+    return MTRouterRun(**raw)
+
+
+def llm_pool(run: MTRouterRun) -> Pool:
+    """ScienceWorld takes one text action per turn: only LLM workers can act."""
+    pool = load_pool(run.pool)
+    return Pool(name=pool.name, workers=tuple(w for w in pool.workers if w.kind == "llm"))
+
+
+def estimator_config(run: MTRouterRun, seed: int = 0) -> MTRouterConfig:
+    return MTRouterConfig().replace(**{**run.estimator, "seed": seed}) if run.estimator or seed else MTRouterConfig()
+
+
+def materialise(run: MTRouterRun) -> list:
+    from routerops.envs.scienceworld_env import scienceworld_tasks
+    from routerops.envs.suites import write_tasks
+
+    tasks = scienceworld_tasks(run.id_types, run.ood_types, max_variations=run.max_variations, seed=42)
+    write_tasks(tasks, OUT / "tasks.jsonl")
+    return tasks
+
+
+def rollouts(run: MTRouterRun, tasks: list, policies: list, out_dir: Path, seed: int = 0):
+    """Episodes of `policies` on `tasks` against the pool (the local server when the pool uses it)."""
+    from routerops.envs.scienceworld_env import ScienceWorldEnvironment
+    from routerops.rollout import collect_sync
+    from routerops.workers import build_workers
+    from routerops.workers.server import local_llm_server
+
+    pool, book = llm_pool(run), load_price_book(run.price_book)
+    uses_local = any(w.endpoint == "local" for w in pool.workers)
+    with local_llm_server() if uses_local else contextlib.nullcontext() as base_url:
+        workers = build_workers(pool, base_url)
+        return collect_sync(tasks, policies, env=ScienceWorldEnvironment(), workers=workers, book=book,
+                            budget_usd=run.budget_usd, turn_limit=run.turn_limit, out_dir=out_dir,
+                            run_id="mtrouter", seed=seed, concurrency=run.concurrency)
+
+
+def behaviour_policies(pool: Pool, seed: int = 0) -> list:
+    """The paper's data (§3.4): a uniform random router and every single model over the pool."""
+    from routerops.policies import SinglePolicy, UniformRandomRouter
+
+    return [UniformRandomRouter(seed=seed)] + [SinglePolicy(w.name, "answer", turns=None) for w in pool.workers]
+
+
+def collect(run: MTRouterRun) -> tuple[pd.DataFrame, pd.DataFrame]:
+    tasks = materialise(run)
+    train = [t for t in tasks if t.split in ("train", "val")]
+    return rollouts(run, train, behaviour_policies(llm_pool(run)), OUT / "train")
+
+
+def fit_router(run: MTRouterRun, cfg: MTRouterConfig, episodes: pd.DataFrame, turns: pd.DataFrame, prompts):
+    from models.mtrouter.router import MTRouter
+
+    return MTRouter(llm_pool(run), load_price_book(run.price_book), cfg).fit(episodes, turns, prompts)
+
+
+def first_turn_prediction(router, task, worker: str) -> float:
+    """ŝ(h_0, a): the estimator's outcome for starting the task with `worker`."""
+    from routerops.types import EpisodeState
+
+    return float(router.score(router.history_features(EpisodeState(task=task)), [worker])[0])
+
+
+def ablation_metrics(run: MTRouterRun, name: str, episodes: pd.DataFrame, turns: pd.DataFrame,
+                     tasks_by_id: dict) -> dict:
+    """Train one ablation on the train episodes and measure it offline on the validation episodes:
+    how well its first-turn predicted outcome ranks their final scores (Spearman), and its error."""
+    from scipy.stats import spearmanr
+
+    prompts = {k: t.prompt for k, t in tasks_by_id.items()}
+    router = fit_router(run, ablation_config(name, estimator_config(run)), episodes[episodes.split == "train"],
+                        turns, prompts)
+    val = episodes[episodes.split == "val"]
+    first = turns[turns.turn_index == 0].set_index("episode_id")
+    pairs = [(first_turn_prediction(router, tasks_by_id[e.task_id], first.loc[e.episode_id, "worker"]), e.score)
+             for e in val.itertuples() if e.episode_id in first.index]
+    metrics = {"val_episodes": float(len(pairs))}
+    reports = getattr(router.estimator, "reports", [])
+    if reports and reports[0].val_loss:
+        metrics["best_val_loss"] = float(min(reports[0].val_loss))
+    if len(pairs) >= 2:
+        pred, actual = np.array(pairs, dtype=float).T
+        metrics["val_mae"] = float(np.mean(np.abs(pred - actual)))
+        metrics["val_spearman"] = float(np.nan_to_num(spearmanr(pred, actual).statistic))
+    return metrics
+
+
+def evaluate(run: MTRouterRun, episodes: pd.DataFrame, turns: pd.DataFrame, tasks: list) -> pd.DataFrame:
+    """MTRouter (one per estimator seed) against the single-model and random baselines on ID test and
+    OOD (§4.1): mean ± std over seeds of score, success, USD per episode, turns and switches."""
+    from routerops.metrics import count_switches
+
+    prompts = {t.task_id: t.prompt for t in tasks}
+    held_out = [t for t in tasks if t.split in ("test", "ood")]
+    frames = []
+    for seed in run.seeds:
+        router = fit_router(run, estimator_config(run, seed).replace(cost_weight=run.cost_weight), episodes, turns, prompts)
+        policies = behaviour_policies(llm_pool(run), seed=seed) + [router.policy(version=f"seed{seed}")]
+        ep, tu = rollouts(run, held_out, policies, OUT / f"eval-seed{seed}", seed=seed)
+        switches = count_switches(tu) if len(tu) else pd.Series(dtype=float)
+        ep = ep.assign(seed=seed, switches=ep.episode_id.map(switches).fillna(0) if len(switches) else 0)
+        frames.append((ep, tu))
+    episodes_all = pd.concat([f[0] for f in frames], ignore_index=True)
+    turns_all = pd.concat([f[1] for f in frames], ignore_index=True)
+    schema.write_table(episodes_all.drop(columns=["switches"]), OUT / "eval/episodes.parquet", "episodes")
+    schema.write_table(turns_all, OUT / "eval/turns.parquet", "turns")
+    per_seed = (episodes_all.groupby(["policy", "split", "seed"])
+                .agg(score=("score", "mean"), success=("success", "mean"), usd=("cost_usd", "mean"),
+                     turns=("turns", "mean"), switches=("switches", "mean")).reset_index())
+    table = per_seed.groupby(["policy", "split"]).agg(["mean", "std"])
+    table.columns = [f"{a}_{b}" for a, b in table.columns]
+    return table.drop(columns=[c for c in table.columns if c.startswith("seed_")]).reset_index()
