@@ -143,14 +143,13 @@ def evaluate(run: MTRouterRun, episodes: pd.DataFrame, turns: pd.DataFrame, task
 
     prompts = {t.task_id: t.prompt for t in tasks}
     held_out = [t for t in tasks if t.split in ("test", "ood")]
-    frames = []
+    # The baselines do not depend on the estimator's seed: roll them out once.
+    frames = [rollouts(run, held_out, behaviour_policies(llm_pool(run), seed=run.seeds[0]), OUT / "eval-baselines",
+                       seed=run.seeds[0])]
     for seed in run.seeds:
         router = fit_router(run, estimator_config(run, seed).replace(cost_weight=run.cost_weight), episodes, turns, prompts)
-        policies = behaviour_policies(llm_pool(run), seed=seed) + [router.policy(version=f"seed{seed}")]
-        ep, tu = rollouts(run, held_out, policies, OUT / f"eval-seed{seed}", seed=seed)
-        switches = count_switches(tu) if len(tu) else pd.Series(dtype=float)
-        ep = ep.assign(seed=seed, switches=ep.episode_id.map(switches).fillna(0) if len(switches) else 0)
-        frames.append((ep, tu))
+        frames.append(rollouts(run, held_out, [router.policy(version=f"seed{seed}")], OUT / f"eval-seed{seed}", seed=seed))
+    frames = [(ep.assign(switches=ep.episode_id.map(count_switches(tu)).fillna(0)), tu) for ep, tu in frames]
     episodes_all = pd.concat([f[0] for f in frames], ignore_index=True)
     turns_all = pd.concat([f[1] for f in frames], ignore_index=True)
     schema.write_table(episodes_all.drop(columns=["switches"]), OUT / "eval/episodes.parquet", "episodes")

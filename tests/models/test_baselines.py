@@ -239,3 +239,16 @@ def test_knn_online_path_matches_the_batch_path(split):
     batch = router.predict_quality(test)  # 100 queries: sklearn's NearestNeighbors
     one_by_one = np.vstack([router.predict_quality(test.subset(np.array([i]))) for i in range(len(test))])
     np.testing.assert_allclose(one_by_one, batch)
+
+
+def test_folded_linear_outcome_matches_sklearn(split):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from models.baselines.linear import _fold
+
+    train, test = split
+    pipe = make_pipeline(StandardScaler(), LogisticRegression(C=0.1)).fit(train.embeddings, train.scores[:, 1])
+    np.testing.assert_allclose(_fold(pipe, logistic=True)(test.embeddings), pipe.predict_proba(test.embeddings)[:, 1],
+                               rtol=1e-6, atol=1e-9)
