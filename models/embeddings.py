@@ -10,6 +10,7 @@ crashes (each batch is one transaction), and a cached run does not even load the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sqlite3
@@ -143,3 +144,14 @@ class SentenceEncoder:
                 self.cache.put_many(new)
             found.update(new)
         return np.stack([found[k] for k in keys]).astype(np.float32, copy=False)
+
+
+def default_encoder() -> SentenceEncoder:
+    """The shared bundled-MiniLM encoder for the current cache directory, created on first use (never
+    at import), so routers that embed on the fly load the weights once per process."""
+    return _encoder_for(default_cache_dir())
+
+
+@functools.lru_cache(maxsize=4)
+def _encoder_for(cache_dir: Path) -> SentenceEncoder:
+    return SentenceEncoder(cache_dir=cache_dir)

@@ -244,9 +244,9 @@ def routing_data_from_table(table: str | Path | pd.DataFrame, price_book: PriceB
     df = load_logged_outcomes(table) if isinstance(table, (str, Path)) else table
     book = price_book if isinstance(price_book, PriceBook) else load_price_book(price_book)
     if encoder is None:
-        from models.embeddings import SentenceEncoder
+        from models.embeddings import default_encoder
 
-        encoder = SentenceEncoder()
+        encoder = default_encoder()
     data = to_routing_data(df, book, embed=encoder.encode)
     if data.embeddings is None:
         data.embeddings = encoder.encode(data.queries)

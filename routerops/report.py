@@ -105,20 +105,9 @@ def plot_accuracy_cost(leaderboard: pd.DataFrame, path: str | Path, title: str =
                     label="Pareto frontier", zorder=1)
         for xi, yi, name in zip(x, y, board["policy"]):
             ax.annotate(str(name), (xi, yi), textcoords="offset points", xytext=(6, 5), fontsize=8)
-        if wants_log_x(x):
-            ax.set_xscale("log")
-        ax.set_xlabel("USD per query")
-        ax.set_ylabel("accuracy (bars: 95% bootstrap interval)")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
-        fig.tight_layout()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path)
+        return save_cost_axes(fig, ax, x, "accuracy (bars: 95% bootstrap interval)", title, path)
     finally:
         plt.close(fig)
-    return path
 
 
 def plot_router_curves(curves: pd.DataFrame, leaderboard: pd.DataFrame, path: str | Path,
@@ -142,19 +131,24 @@ def plot_router_curves(curves: pd.DataFrame, leaderboard: pd.DataFrame, path: st
                 aiq = leaderboard.set_index("router").aiq.get(name, float("nan"))
                 ax.plot(curve.usd_per_query, curve.accuracy, marker=".", markersize=3, linewidth=1.2,
                         label=f"{name} (AIQ {aiq:.3f})")
-        if wants_log_x(curves.usd_per_query.to_numpy(float)):
-            ax.set_xscale("log")
-        ax.set_xlabel("USD per query")
-        ax.set_ylabel("accuracy")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=7)
-        fig.tight_layout()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path)
+        return save_cost_axes(fig, ax, curves.usd_per_query.to_numpy(float), "accuracy", title, path)
     finally:
         plt.close(fig)
+
+
+def save_cost_axes(fig, ax, costs: np.ndarray, ylabel: str, title: str, path: str | Path) -> Path:
+    """Shared finish of the accuracy–cost plots: log-x when costs span decades, labels, PNG."""
+    if wants_log_x(costs):
+        ax.set_xscale("log")
+    ax.set_xlabel("USD per query")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
     return path
 
 

@@ -31,9 +31,9 @@ class Cascade(Router):
 
     def _encoder(self):
         if self.encoder is None:
-            from models.embeddings import SentenceEncoder
+            from models.embeddings import default_encoder
 
-            self.encoder = SentenceEncoder()
+            return default_encoder()
         return self.encoder
 
     def _worker_features(self, data: RoutingData, query_x: np.ndarray, j: int) -> np.ndarray:

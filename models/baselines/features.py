@@ -48,9 +48,9 @@ def require_embeddings(data: RoutingData, encoder=None) -> np.ndarray:
             raise ValueError(f"embeddings have {len(data.embeddings)} rows for {len(data)} queries")
         return np.asarray(data.embeddings, dtype=np.float32)
     if encoder is None:
-        from models.embeddings import SentenceEncoder
+        from models.embeddings import default_encoder
 
-        encoder = SentenceEncoder()
+        encoder = default_encoder()
     return encoder.encode(data.queries)
 
 

@@ -58,6 +58,10 @@ class MTRouterConfig:
     regressor: str = "mlp"  # "ridge": Table 4's linear ablation (sklearn Ridge on the same features)
     hidden_dims: tuple[int, ...] = (256, 128)  # paper silent ("lightweight MLP with ReLU")
     dropout: float = 0.1  # §3.3 "optional dropout"; paper silent on the rate
+    # "linear": eq. 4's unbounded scalar. "sigmoid": ŝ = lo + (hi − lo)·σ(f_θ), lo/hi the training
+    # targets' range — for bounded outcomes (correctness, scores in [0, 1]) a shared difficulty then
+    # moves each model's ŝ differently, which is what a router ranks on. Extension, paper silent.
+    output_link: str = "linear"
     learning_rate: float = 1e-3  # §4.1 AdamW lr
     weight_decay: float = 0.01  # §4.1 AdamW weight decay
     batch_size: int = 64  # §4.1
@@ -120,7 +124,8 @@ class MTRouterConfig:
 
     def validate(self, source: str = "mtrouter config") -> None:
         choices = {"history_mode": HISTORY_MODES, "encoder_kind": ENCODER_KINDS, "regressor": REGRESSORS,
-                   "model_features": MODEL_FEATURES, "device": ("auto", "cpu", "cuda")}
+                   "model_features": MODEL_FEATURES, "device": ("auto", "cpu", "cuda"),
+                   "output_link": ("linear", "sigmoid")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise InputError(source, name, f"{getattr(self, name)!r} is not one of {allowed}")

@@ -93,11 +93,16 @@ class OutcomeEstimator:
         self.device = pick_device(cfg.device)
         self.nets: list[OutcomeNet] = []
         self.reports: list[FitReport] = []
-        self.y_mean, self.y_std = 0.0, 1.0
+        self.y_mean, self.y_std = 0.0, 1.0  # y ↦ (y − mean) / std is what the nets are trained on
+        self.sigmoid = cfg.output_link == "sigmoid"
 
     # ---- training
     def fit(self, train: TrainingSet, val: TrainingSet | None = None) -> "OutcomeEstimator":
-        self.y_mean, self.y_std = float(train.targets.mean()), float(train.targets.std()) or 1.0
+        if self.sigmoid:  # map the training range onto (0, 1), the sigmoid's range
+            lo, hi = float(train.targets.min()), float(train.targets.max())
+            self.y_mean, self.y_std = lo, (hi - lo) or 1.0
+        else:
+            self.y_mean, self.y_std = float(train.targets.mean()), float(train.targets.std()) or 1.0
         self.nets, self.reports = [], []
         for k in range(self.cfg.ensemble):
             net, report = self._fit_one(train, val, self.cfg.seed + k)
@@ -124,7 +129,7 @@ class OutcomeEstimator:
             net.train()
             total = 0.0
             for rows in torch.randperm(len(y), generator=gen).to(self.device).split(self.cfg.batch_size):
-                pred = net(hist[hidx[rows]], midx[rows])
+                pred = self._link(net(hist[hidx[rows]], midx[rows]))
                 loss = nn.functional.mse_loss(pred, y[rows]) + net.model_encoder.residual_penalty()  # eq. 7
                 opt.zero_grad()
                 loss.backward()
@@ -146,12 +151,14 @@ class OutcomeEstimator:
             net.load_state_dict(best_state)
         return net, report
 
-    @staticmethod
-    def _val_loss(net: OutcomeNet, val_t) -> float:
+    def _link(self, raw: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(raw) if self.sigmoid else raw
+
+    def _val_loss(self, net: OutcomeNet, val_t) -> float:
         hist, hidx, midx, y = val_t
         net.eval()
         with torch.no_grad():
-            return float(nn.functional.mse_loss(net(hist[hidx], midx), y))
+            return float(nn.functional.mse_loss(self._link(net(hist[hidx], midx)), y))
 
     # ---- prediction
     def _input(self, zx: np.ndarray) -> torch.Tensor:
@@ -163,7 +170,7 @@ class OutcomeEstimator:
         """ŝ for n (history, model) pairs: zx (n, d), model_idx (n,)."""
         x, m = self._input(zx), torch.as_tensor(model_idx, dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            out = torch.stack([net(x, m) for net in self.nets]).mean(0)
+            out = torch.stack([self._link(net(x, m)) for net in self.nets]).mean(0)
         return out.cpu().numpy() * self.y_std + self.y_mean
 
     def predict_matrix(self, zx: np.ndarray, model_idx: np.ndarray) -> np.ndarray:
@@ -176,7 +183,7 @@ class OutcomeEstimator:
         """(c,) ŝ of one history (d,) against c candidates, all in one batch (§3.2)."""
         x, m = self._input(zx[None, :]), torch.as_tensor(model_idx, dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            out = torch.stack([net.score_candidates(x, m) for net in self.nets]).mean(0)
+            out = torch.stack([self._link(net.score_candidates(x, m)) for net in self.nets]).mean(0)
         return out.cpu().numpy() * self.y_std + self.y_mean
 
 

@@ -147,6 +147,8 @@ def test_torch_routers_train(cls, split):
     assert torch.isfinite(loss) and loss.item() < np.log(2)  # better than a coin on its training data
     q = router.predict_quality(train)
     assert np.isfinite(q).all() and ((q >= 0) & (q <= 1)).all()
+    # the fused numpy path the online decisions take equals the torch modules
+    np.testing.assert_allclose(q, router.predict_with_torch(router.featurizer.transform(train)), rtol=1e-4, atol=1e-6)
 
 
 def test_logistic_router_with_tfidf_features(split):
