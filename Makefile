@@ -12,7 +12,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DVC_NO_ANALYTICS := 1
-export PREFECT_HOME := $(CURDIR)/.routerops/prefect
+export PREFECT_HOME := $(CURDIR)/.prefect
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 # llama-cpp-python compiles from source: build only the library the server needs (no llava, tools,
 # examples or tests) and use both cores.
@@ -61,4 +61,4 @@ benchmarks: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/routing_latency.py
 
 clean:
-	rm -rf data reports/stages .routerops
+	rm -rf data reports .routerops .prefect

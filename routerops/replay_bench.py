@@ -111,11 +111,25 @@ def strong_weak(data: RoutingData) -> tuple[int, int]:
     return strong, 1 - strong
 
 
-def two_worker_metrics(quality: np.ndarray, data: RoutingData, idx: np.ndarray | None = None) -> dict[str, float]:
-    """RouteLLM's APGR, CPT(50%), CPT(80%) with router score q̂(strong) − q̂(weak) (idx: a resample)."""
+def strong_call_score(quality: np.ndarray, data: RoutingData, router: Router | None = None) -> np.ndarray:
+    """RouteLLM's per-query router score (higher = send to the strong model): q̂(strong) − q̂(weak).
+
+    A cascade decides to escalate from the cheap worker's answer alone, so its score is 1 − P̂(cheap
+    worker right); using the dear worker's P̂ too would read an answer it has not paid for yet.
+    """
+    strong, weak = strong_weak(data)
+    if router is not None and router.knob_name == "threshold":
+        cheap = int(np.argmin(data.costs.mean(axis=0)))
+        return 1.0 - quality[:, cheap]
+    return quality[:, strong] - quality[:, weak]
+
+
+def two_worker_metrics(quality: np.ndarray, data: RoutingData, idx: np.ndarray | None = None,
+                       router: Router | None = None) -> dict[str, float]:
+    """RouteLLM's APGR, CPT(50%), CPT(80%) of `strong_call_score` (idx: the queries of a resample)."""
     strong, weak = strong_weak(data)
     idx = np.arange(len(data)) if idx is None else idx
-    score = quality[idx, strong] - quality[idx, weak]
+    score = strong_call_score(quality, data, router)[idx]
     s, w = data.scores[idx, strong], data.scores[idx, weak]
     if np.unique(score).size < 2:  # a constant score (single worker) has no curve to integrate
         return {"apgr": np.nan, "cpt50": np.nan, "cpt80": np.nan}
@@ -157,8 +171,8 @@ def cost_at_accuracy(usd: np.ndarray, accuracy: np.ndarray, target: float) -> fl
 # ---------------------------------------------------------------- one router, several seeds
 
 
-def curve_summary(ops: OperatingPoints, data: RoutingData, quality: np.ndarray, best: tuple[float, float],
-                  target: float, idx: np.ndarray | None = None) -> dict[str, float]:
+def curve_summary(router: Router, ops: OperatingPoints, data: RoutingData, quality: np.ndarray,
+                  best: tuple[float, float], target: float, idx: np.ndarray | None = None) -> dict[str, float]:
     """Every leaderboard number of one cross-fitted run (on the queries `idx`, default all)."""
     idx = np.arange(len(data)) if idx is None else idx
     acc, usd = ops.correct[:, idx].mean(axis=1), ops.paid[:, idx].mean(axis=1)
@@ -175,28 +189,29 @@ def curve_summary(ops: OperatingPoints, data: RoutingData, quality: np.ndarray, 
         "cost_saved_vs_best_single": metrics.cost_saved_at_matched_accuracy(usd, acc, best_cost, best_acc),
     }
     if len(data.workers) == 2:
-        row.update(two_worker_metrics(quality, data, idx))
+        row.update(two_worker_metrics(quality, data, idx, router))
     return row
 
 
-def bootstrap_intervals(ops: OperatingPoints, data: RoutingData, quality: np.ndarray, n_boot: int,
-                        seed: int) -> dict[str, float]:
+def bootstrap_intervals(router: Router, ops: OperatingPoints, data: RoutingData, quality: np.ndarray,
+                        n_boot: int, seed: int) -> dict[str, float]:
     """95% percentile intervals of AIQ (and APGR) over queries resampled with replacement."""
     keys = ["aiq"] + (["apgr"] if len(data.workers) == 2 else [])
     out = {}
     for key in keys:
         def stat(idx: np.ndarray, axis: int = -1) -> np.ndarray:
             rows = np.atleast_2d(idx).astype(int)
-            return np.array([_metric_on(key, ops, data, quality, r) for r in rows]).reshape(idx.shape[:-1])
+            return np.array([_metric_on(key, router, ops, data, quality, r) for r in rows]).reshape(idx.shape[:-1])
 
         _, lo, hi = metrics.bootstrap_ci(np.arange(len(data), dtype=float), stat, n_boot=n_boot, seed=seed)
         out[f"{key}_lo"], out[f"{key}_hi"] = lo, hi
     return out
 
 
-def _metric_on(key: str, ops: OperatingPoints, data: RoutingData, quality: np.ndarray, idx: np.ndarray) -> float:
+def _metric_on(key: str, router: Router, ops: OperatingPoints, data: RoutingData, quality: np.ndarray,
+               idx: np.ndarray) -> float:
     if key == "apgr":
-        return two_worker_metrics(quality, data, idx)["apgr"]
+        return two_worker_metrics(quality, data, idx, router)["apgr"]
     return curve_aiq(ops.paid[:, idx].mean(axis=1), ops.correct[:, idx].mean(axis=1), cost_window(data))
 
 
@@ -217,7 +232,7 @@ def evaluate_router(name: str, factory: RouterFactory, data: RoutingData, k: int
         quality = cross_fit(data, factory, k=k, seed=seed)
         router = _build(factory, seed)
         ops = operating_points(router, quality, data)
-        runs.append(curve_summary(ops, data, quality, best, target))
+        runs.append(curve_summary(router, ops, data, quality, best, target))
         if first is None:
             first = (router, ops, quality)
     router, ops, quality = first
@@ -226,7 +241,7 @@ def evaluate_router(name: str, factory: RouterFactory, data: RoutingData, k: int
         if key in runs[0]:
             row[f"{key}_seed_std"] = float(np.std([r[key] for r in runs]))
     if n_boot:
-        row.update(bootstrap_intervals(ops, data, quality, n_boot, seeds[0]))
+        row.update(bootstrap_intervals(router, ops, data, quality, n_boot, seeds[0]))
     row["seeds"] = len(seeds)
     curve = sweep(router, quality, data, ops.knobs).assign(router=name)
     return row, curve

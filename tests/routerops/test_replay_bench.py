@@ -202,3 +202,14 @@ def test_cross_fit_accepts_classes_and_zero_argument_factories(table):
     by_class = cross_fit(table, KNNRouter, k=3, seed=0)
     by_lambda = cross_fit(table, lambda: KNNRouter(), k=3, seed=0)
     np.testing.assert_array_equal(by_class, by_lambda)
+
+
+def test_a_cascades_apgr_score_reads_only_the_cheap_workers_answer(pair):
+    from routerops.replay_bench import strong_call_score
+
+    cascade = make_router("cascade")
+    q = np.random.default_rng(1).random((len(pair), 2))
+    altered = q.copy()
+    altered[:, 1] = 1 - altered[:, 1]  # w1 is the dear worker: the cascade has not seen its answer
+    np.testing.assert_array_equal(strong_call_score(q, pair, cascade), strong_call_score(altered, pair, cascade))
+    np.testing.assert_array_equal(strong_call_score(q, pair), q[:, 1] - q[:, 0])
