@@ -125,7 +125,8 @@ class SentenceEncoder:
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         vecs = self._load_model().encode(
-            texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=len(texts) > 256
+            texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
+            show_progress_bar=len(texts) > 256,
         )
         return np.asarray(vecs, dtype=np.float32)
 

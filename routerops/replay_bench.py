@@ -96,7 +96,9 @@ def operating_points(router: Router, quality: np.ndarray, data: RoutingData,
 def sweep(router: Router, quality: np.ndarray, data: RoutingData, grid: np.ndarray | None = None) -> pd.DataFrame:
     """Accuracy–cost points of `router` over its knob: knob, accuracy, usd_per_query, share:<worker>."""
     ops = operating_points(router, quality, data, grid)
-    table = pd.DataFrame({"knob": ops.knobs, "accuracy": ops.correct.mean(axis=1), "usd_per_query": ops.paid.mean(axis=1)})
+    table = pd.DataFrame(
+        {"knob": ops.knobs, "accuracy": ops.correct.mean(axis=1), "usd_per_query": ops.paid.mean(axis=1)}
+    )
     for j, w in enumerate(data.workers):
         table[f"share:{w}"] = (ops.choice == j).mean(axis=1)
     return table
@@ -328,8 +330,8 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
 def main(argv: Sequence[str] | None = None) -> int:
     """python -m routerops.replay_bench --table T.parquet --prices P.yaml --routers knn mlp ... --out board.csv"""
     import argparse
-    import contextlib
     import json
+    import signal
     import sys
 
     parser = argparse.ArgumentParser(description="Cross-fitted replay benchmark of routers on logged outcomes.")
@@ -342,6 +344,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--llm-base-url", help="OpenAI-compatible endpoint for prompted_llm; default: the local server")
     parser.add_argument("--out", type=Path, help="leaderboard CSV; curves go beside it as <name>.curves.csv")
     args = parser.parse_args(argv)
+    # SIGTERM (a scheduler stopping us) must unwind the `with` below so the local LLM server stops too.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        board = _run_cli(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(board.round(4).to_string(index=False))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        board.to_csv(args.out, index=False)
+        board.attrs["curves"].to_csv(args.out.with_suffix(".curves.csv"), index=False)
+        meta = {k: v for k, v in board.attrs.items() if k != "curves"}
+        meta["argv"] = list(sys.argv[1:] if argv is None else argv)
+        args.out.with_suffix(".meta.json").write_text(json.dumps(meta, indent=2))
+    return 0
+
+
+def _run_cli(args) -> pd.DataFrame:
+    import contextlib
 
     with contextlib.ExitStack() as stack:
         factories = {}
@@ -351,17 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             url = args.llm_base_url or stack.enter_context(local_llm_server())
             factories["prompted_llm"] = lambda seed: PromptedLLMRouter(base_url=url)
-        board = run_replay_benchmark(args.table, args.prices, args.routers, k=args.k, seeds=args.seeds,
-                                     factories=factories, n_boot=args.bootstrap)
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(board.round(4).to_string(index=False))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        board.to_csv(args.out, index=False)
-        board.attrs["curves"].to_csv(args.out.with_suffix(".curves.csv"), index=False)
-        meta = {k: v for k, v in board.attrs.items() if k != "curves"}
-        args.out.with_suffix(".meta.json").write_text(json.dumps({**meta, "argv": list(sys.argv[1:] if argv is None else argv)}, indent=2))
-    return 0
+        return run_replay_benchmark(args.table, args.prices, args.routers, k=args.k, seeds=args.seeds,
+                                    factories=factories, n_boot=args.bootstrap)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ def _constant(value: float, d: int) -> LinearOutcome:
 
 
 def _fold(model, logistic: bool) -> LinearOutcome:
-    """The fitted pipeline's linear map, standardisation folded in: w·(x − μ)/σ + b = (w/σ)·x + b − w·μ/σ."""
+    """The fitted pipeline's linear map with standardisation folded in:
+    w·(x − μ)/σ + b = (w/σ)·x + b − w·μ/σ."""
     estimator = model[-1]
     coef, intercept = np.ravel(estimator.coef_).astype(float), float(np.ravel(estimator.intercept_)[0])
     if len(model) > 1:  # a StandardScaler in front
@@ -131,7 +132,9 @@ class EnsembleRouter(Router):
         self.members_: list[Router] | None = None
 
     def fit(self, data: RoutingData) -> "EnsembleRouter":
-        self.members_ = [(m() if callable(m) and not isinstance(m, Router) else m).fit(data) for m in self.member_factories]
+        self.members_ = [
+            (m() if callable(m) and not isinstance(m, Router) else m).fit(data) for m in self.member_factories
+        ]
         return self
 
     def predict_quality(self, data: RoutingData) -> np.ndarray:

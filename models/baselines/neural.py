@@ -171,7 +171,8 @@ class MatrixFactorizationRouter(TorchOutcomeRouter):
         return _MF(d_in, n_workers, self.dim)
 
     def _fuse(self):
-        # MF is bilinear: logit_m = h·(v̂_m ⊙ (P x + b₁)) + b_m = x·Pᵀ(h ⊙ v̂_m) + (h ⊙ v̂_m)·b₁ + b_m,
+        # MF is bilinear: logit_m = h·(v̂_m ⊙ (P x + b₁)) + b_m
+        #                         = x·Pᵀ(h ⊙ v̂_m) + (h ⊙ v̂_m)·b₁ + b_m,
         # i.e. linear in the query with a rank-`dim` coefficient matrix. One (d × bags·w) product.
         coefs, offsets = [], []
         for m in self.models_:

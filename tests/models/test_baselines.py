@@ -143,7 +143,8 @@ def test_torch_routers_train(cls, split):
     assert any(not torch.equal(p, trained[k]) for k, p in fresh.state_dict().items())
     x = torch.as_tensor(router.featurizer.transform(train), dtype=torch.float32)
     with torch.no_grad():
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(router.models_[0](x), torch.as_tensor(train.scores, dtype=torch.float32))
+        target = torch.as_tensor(train.scores, dtype=torch.float32)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(router.models_[0](x), target)
     assert torch.isfinite(loss) and loss.item() < np.log(2)  # better than a coin on its training data
     q = router.predict_quality(train)
     assert np.isfinite(q).all() and ((q >= 0) & (q <= 1)).all()
@@ -169,7 +170,8 @@ def encoder(tmp_path_factory):
 def test_cascade_reads_logged_responses_when_present(table, encoder):
     sure = "So the answer is {}. I double-checked each step."
     unsure = "I am not sure how to solve this; maybe it is {}?"
-    responses = [[(sure if s else unsure).format((i + j) % 7) for j, s in enumerate(row)] for i, row in enumerate(table.scores)]
+    responses = [[(sure if s else unsure).format((i + j) % 7) for j, s in enumerate(row)]
+                 for i, row in enumerate(table.scores)]
     data = RoutingData(**{**vars(table), "responses": responses})
     cascade = Cascade(encoder=encoder).fit(data.subset(np.arange(200)))
     assert cascade.reads_responses_

@@ -192,7 +192,8 @@ def test_cli_reprices_without_touching_accuracy(tmp_path, monkeypatch):
     cheap, dear = boards[15.0], boards[60.0]
     pd.testing.assert_series_equal(cheap["best_accuracy"], dear["best_accuracy"])
     assert dear.loc["single:dear", "usd_per_query_at_best"] > cheap.loc["single:dear", "usd_per_query_at_best"]
-    assert dear.loc["single:cheap", "usd_per_query_at_best"] == pytest.approx(cheap.loc["single:cheap", "usd_per_query_at_best"])
+    cheap_worker = ("single:cheap", "usd_per_query_at_best")
+    assert dear.loc[cheap_worker] == pytest.approx(cheap.loc[cheap_worker])
     assert '"price_book": "v-60.0"' in (tmp_path / "board-60.0.meta.json").read_text()
 
 
