@@ -87,10 +87,12 @@ def rollouts(run: MTRouterRun, tasks: list, policies: list, out_dir: Path, seed:
 
 
 def behaviour_policies(pool: Pool, seed: int = 0) -> list:
-    """The paper's data (§3.4): a uniform random router and every single model over the pool."""
-    from routerops.policies import SinglePolicy, UniformRandomRouter
+    """The paper's data (§3.4): a random router (a uniformly random model at every turn, until the
+    environment ends the episode or Tmax) and every single model over the pool."""
+    from routerops.policies import RandomMultiTurnPolicy, SinglePolicy
 
-    return [UniformRandomRouter(seed=seed)] + [SinglePolicy(w.name, "answer", turns=None) for w in pool.workers]
+    return ([RandomMultiTurnPolicy(stop_prob=0.0, seed=seed)]
+            + [SinglePolicy(w.name, "answer", turns=None) for w in pool.workers])
 
 
 def collect(run: MTRouterRun) -> tuple[pd.DataFrame, pd.DataFrame]:
