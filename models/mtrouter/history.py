@@ -98,9 +98,9 @@ def truncate_history(task: str, blocks: Sequence[str], budget: int, encoder: Tex
 
 
 def serialise_history(task: str, interactions: Sequence[Interaction], encoder: TextEncoder,
-                      cfg: MTRouterConfig) -> str:
-    """The text φ embeds for h_t under the configured history mode and token budget."""
-    blocks = [pair_block(i, it) for i, it in select_interactions(interactions, cfg.history_mode)]
+                      cfg: MTRouterConfig, mode: str | None = None) -> str:
+    """The text φ embeds for h_t under the history mode (default cfg's) and the token budget."""
+    blocks = [pair_block(i, it) for i, it in select_interactions(interactions, mode or cfg.history_mode)]
     budget = min(cfg.max_history_tokens, encoder.max_tokens) - SPECIAL_TOKENS
     return truncate_history(task, blocks, budget, encoder)
 
@@ -222,10 +222,37 @@ class HashingTextEncoder:
         return self._vectorizer.transform(list(texts)).toarray().astype(np.float32)
 
 
+class ConcatTextEncoder:
+    """[φ_1(h); φ_2(h)]: e.g. a sentence embedding (meaning) beside hashed n-grams (the literal
+    quantities and operators that signal how many steps a task takes). Tokens are counted, and the
+    budget set, by the first encoder, so both see the same truncated text."""
+
+    def __init__(self, *encoders: TextEncoder):
+        self.encoders = encoders
+        self.encoder_id = "+".join(e.encoder_id for e in encoders)
+        self.max_tokens = encoders[0].max_tokens
+
+    @property
+    def dim(self) -> int:
+        return sum(int(e.dim) for e in self.encoders)
+
+    def count_tokens(self, text: str) -> int:
+        return self.encoders[0].count_tokens(text)
+
+    def tail(self, text: str, n_tokens: int) -> str:
+        return self.encoders[0].tail(text, n_tokens)
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return np.concatenate([np.asarray(e.encode(texts), dtype=np.float32) for e in self.encoders], axis=1)
+
+
 def build_text_encoder(cfg: MTRouterConfig, device: str = "cpu") -> TextEncoder:
     if cfg.encoder_kind == "hashing":
         return HashingTextEncoder(cfg.hashing_dim, cfg.max_history_tokens)
-    return SentenceTextEncoder(cfg.encoder_path, cfg.max_history_tokens, device)
+    sentence = SentenceTextEncoder(cfg.encoder_path, cfg.max_history_tokens, device)
+    if cfg.encoder_kind == "sentence":
+        return sentence
+    return ConcatTextEncoder(sentence, HashingTextEncoder(cfg.hashing_dim, sentence.max_tokens))
 
 
 # ---------------------------------------------------------------- history encoder with a content-hash cache
@@ -255,8 +282,10 @@ class HistoryEncoder:
     def dim(self) -> int:
         return int(self.text_encoder.dim)
 
-    def serialise(self, task: str, interactions: Sequence[Interaction] = ()) -> str:
-        return serialise_history(task, interactions, self.text_encoder, self.cfg)
+    def serialise(self, task: str, interactions: Sequence[Interaction] = (), mode: str | None = None) -> str:
+        """`mode` overrides the encoder's history mode: routers sharing one encoder (and its cache)
+        may differ in what they let the router see (Table 4's history ablations)."""
+        return serialise_history(task, interactions, self.text_encoder, self.cfg, mode)
 
     def content_key(self, text: str) -> str:
         return hashlib.sha256(f"{self.text_encoder.encoder_id}\x00{text}".encode()).hexdigest()

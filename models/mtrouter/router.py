@@ -81,7 +81,7 @@ class MTRouter:
     def history_features(self, state: EpisodeState) -> np.ndarray:
         """z_x of the current history h_t (one embedding, cached by content hash)."""
         interactions = interactions_from_turns(state.turns, state.observation)
-        text = self.encoder.serialise(state.task.prompt, interactions)
+        text = self.encoder.serialise(state.task.prompt, interactions, self.cfg.history_mode)
         return self.featurizer.transform([text], [state.task.prompt])[0]
 
     def score(self, zx: np.ndarray, workers: Sequence[str]) -> np.ndarray:
@@ -155,7 +155,7 @@ class MTRouterRouter(Router):
         self.estimator = None
 
     def _histories(self, data: RoutingData) -> np.ndarray:
-        texts = [self.encoder.serialise(q) for q in data.queries]
+        texts = [self.encoder.serialise(q, (), self.cfg.history_mode) for q in data.queries]
         return self.featurizer.transform(texts, data.queries)
 
     def fit(self, data: RoutingData) -> "MTRouterRouter":

@@ -18,7 +18,7 @@ from routerops.pricing import Pool, Price, PriceBook, WorkerSpec
 WORKERS = ("cheap", "mid", "dear")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def tiny_cfg() -> MTRouterConfig:
     """Small widths and few epochs so every test trains in well under a second."""
     return MTRouterConfig(encoder_kind="hashing", hashing_dim=64, hidden_dims=(32,), attr_embed_dim=8,
@@ -26,12 +26,12 @@ def tiny_cfg() -> MTRouterConfig:
                           disk_cache=False, surface_features=False, expected_episode_length=2.0)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def tiny_encoder(tiny_cfg) -> HistoryEncoder:
     return HistoryEncoder(HashingTextEncoder(tiny_cfg.hashing_dim, tiny_cfg.max_history_tokens), tiny_cfg)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def pool() -> Pool:
     def spec(name: str, context: float, cutoff: float) -> WorkerSpec:
         return WorkerSpec(name=name, kind="llm", primitives=("answer",), model=name,
@@ -40,7 +40,7 @@ def pool() -> Pool:
     return Pool("tiny", (spec("cheap", 8192, 2023.5), spec("mid", 32768, 2024.0), spec("dear", 131072, 2024.5)))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def book() -> PriceBook:
     prices = {"cheap": Price(0.1, 0.4), "mid": Price(1.0, 4.0), "dear": Price(10.0, 30.0)}
     return PriceBook("test", dt.date(2026, 1, 1), prices)
@@ -56,7 +56,7 @@ def outcome(kind: str, worker: str) -> float:
 
 
 def trajectory_tables(n_tasks: int = 24, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
-    """Single-model runs for every (task, worker) and one 2-turn random-router run per task; the
+    """Single-model runs for every (task, worker) and one 3-turn random-router run per task; the
     cheap worker's turns log a medium-severity format error. Splits: 3/4 train, 1/4 val."""
     rng = np.random.default_rng(seed)
     episodes, turns, prompts = [], [], {}
@@ -66,7 +66,7 @@ def trajectory_tables(n_tasks: int = 24, seed: int = 0) -> tuple[pd.DataFrame, p
         prompts[task_id] = f"{kind} puzzle {i}: combine the numbers {i} and {i + 3} carefully"
         split = "val" if i % 4 == 3 else "train"
         runs = [(f"single/{w}/answer", [w]) for w in WORKERS]
-        runs.append(("random_multi_turn", list(rng.choice(WORKERS, size=2))))
+        runs.append(("random_multi_turn", list(rng.choice(WORKERS, size=3))))
         for policy, workers in runs:
             eid = schema.episode_id("test", task_id, policy, 0)
             for t, w in enumerate(workers):
@@ -88,6 +88,6 @@ def trajectory_tables(n_tasks: int = 24, seed: int = 0) -> tuple[pd.DataFrame, p
     return pd.DataFrame(episodes), pd.DataFrame(turns), prompts
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def tables():
     return trajectory_tables()

@@ -1,0 +1,35 @@
+"""MTRouterConfig: the paper's defaults, and strict loading."""
+
+from __future__ import annotations
+
+import pytest
+
+from models.mtrouter.config import MTRouterConfig
+from routerops.errors import InputError
+
+
+def test_defaults_are_the_papers_hyper_parameters():
+    cfg = MTRouterConfig()
+    # §4.1 "Implement Details" and App. B.
+    assert (cfg.learning_rate, cfg.weight_decay, cfg.batch_size, cfg.max_epochs, cfg.patience) == (1e-3, 0.01, 64, 100, 3)
+    assert (cfg.attr_embed_dim, cfg.residual_dim, cfg.model_embed_dim, cfg.residual_l2) == (32, 16, 64, 0.001)
+    assert cfg.severity_coefficients() == {"high": 1.0, "medium": 0.8, "low": 0.2}
+    assert (cfg.progress_p0, cfg.progress_p1, cfg.progress_w_min, cfg.progress_w_max) == (0.3, 0.7, 0.3, 1.0)
+    assert cfg.max_history_tokens == 8192
+    assert cfg.regressor == "mlp" and cfg.history_mode == "full" and cfg.model_features == "learned"
+    assert cfg.error_penalty and cfg.use_random_router_data
+
+
+def test_from_dict_converts_lists_and_rejects_unknown_keys():
+    cfg = MTRouterConfig.from_dict({"hidden_dims": [32, 16], "seed": 3}, source="params.yaml:mtrouter")
+    assert cfg.hidden_dims == (32, 16) and cfg.seed == 3
+    with pytest.raises(InputError, match="params.yaml:mtrouter.*learning_rat"):
+        MTRouterConfig.from_dict({"learning_rat": 0.1}, source="params.yaml:mtrouter")
+
+
+@pytest.mark.parametrize("bad", [{"history_mode": "everything"}, {"patience": 0}, {"progress_p0": 0.8},
+                                 {"val_fraction": 1.5}, {"hidden_dims": []}, {"cost_weight": -1.0}])
+def test_invalid_values_are_rejected_with_the_field_named(bad):
+    with pytest.raises(InputError) as err:
+        MTRouterConfig.from_dict(bad)
+    assert err.value.field == next(iter(bad))
