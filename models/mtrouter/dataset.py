@@ -25,15 +25,11 @@ class HistoryFeaturizer:
     """z_x for serialised histories: φ(h_t), plus (cfg.surface_features) the task's surface statistics
     standardised on the training tasks — length and quantity counts are difficulty cues."""
 
-    def __init__(self, encoder: HistoryEncoder, cfg: MTRouterConfig):
+    def __init__(self, encoder: HistoryEncoder | None, cfg: MTRouterConfig):
         self.encoder = encoder
         self.cfg = cfg
         self.mean: np.ndarray | None = None
         self.std: np.ndarray | None = None
-
-    @property
-    def dim(self) -> int:
-        return self.encoder.dim + (self._surface(["x"]).shape[1] if self.cfg.surface_features else 0)
 
     @staticmethod
     def _surface(tasks: Sequence[str]) -> np.ndarray:
@@ -48,11 +44,14 @@ class HistoryFeaturizer:
         return self
 
     def transform(self, texts: Sequence[str], tasks: Sequence[str]) -> np.ndarray:
-        z = self.encoder.encode_texts(list(texts))
+        return self.with_surface(self.encoder.encode_texts(list(texts)), tasks)
+
+    def with_surface(self, z: np.ndarray, tasks: Sequence[str]) -> np.ndarray:
+        """[z; standardised surface statistics of the tasks] (z alone when they are off)."""
         if not self.cfg.surface_features:
             return z
         if self.mean is None:
-            raise RuntimeError("HistoryFeaturizer.transform before fit")
+            raise RuntimeError("HistoryFeaturizer used before fit")
         return np.concatenate([z, (self._surface(tasks) - self.mean) / self.std], axis=1).astype(np.float32)
 
 

@@ -122,19 +122,25 @@ def observation_from_message(message: str) -> str:
     return str(message)
 
 
-def _field(turn: Any, name: str) -> Any:
-    return turn[name] if isinstance(turn, Mapping) else getattr(turn, name)
+def _field(turn: Any, name: str, default: Any = None) -> Any:
+    if isinstance(turn, Mapping):
+        return turn.get(name, default)
+    return getattr(turn, name, default)
 
 
 def interactions_from_turns(turns: Sequence[Any], current_observation: str | None = None) -> list[Interaction]:
     """⟨u_i, o_{i+1}⟩ for the turns before t, from TurnRecords or turns-table rows.
 
-    u_i is turn i's response; o_{i+1} is read from turn i+1's request, and for the latest turn from
-    `current_observation` (at routing time: EpisodeState.observation) when given.
+    u_i is turn i's response. o_{i+1} is the turn's own `observation` when the log carries one;
+    otherwise it is read from turn i+1's request, and for the latest turn taken from
+    `current_observation` (at routing time: EpisodeState.observation).
     """
     pairs = []
     for i, turn in enumerate(turns):
-        if i + 1 < len(turns):
+        logged = _field(turn, "observation")
+        if isinstance(logged, str):
+            observation = logged
+        elif i + 1 < len(turns):
             observation = observation_from_message(_field(turns[i + 1], "message"))
         else:
             observation = current_observation or ""
@@ -151,7 +157,7 @@ class SentenceTextEncoder:
     The tokenizer loads at once (truncation counts tokens); the model only on the first cache miss.
     """
 
-    def __init__(self, model_path: str = "", max_tokens: int = 8192, device: str = "cpu"):
+    def __init__(self, model_path: str = "", max_tokens: int = 8192, device: str = "cpu", bf16: bool = True):
         from transformers import AutoConfig, AutoTokenizer
 
         from models.embeddings import SentenceEncoder, bundled_minilm_path
@@ -163,7 +169,8 @@ class SentenceTextEncoder:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         limit = int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 512))
         self.max_tokens = min(int(max_tokens), limit)
-        self.encoder_id = f"{self._sentence.model_id}|max_seq={self.max_tokens}"
+        self.bf16 = bf16 and device == "cpu" and cpu_has_native_bf16()
+        self.encoder_id = f"{self._sentence.model_id}|max_seq={self.max_tokens}" + ("|bf16" if self.bf16 else "")
         self._dim: int | None = None
 
     def _model(self):
@@ -187,17 +194,31 @@ class SentenceTextEncoder:
         return text if len(offsets) <= n_tokens else text[offsets[-n_tokens][0]:]
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
+        import torch
+
         self._model()
-        return self._sentence.encode(list(texts))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            return np.asarray(self._sentence.encode(list(texts)), dtype=np.float32)
+
+
+def cpu_has_native_bf16() -> bool:
+    """bf16 matmuls run natively (AVX512-BF16 / AMX): MiniLM then embeds a 512-token history ~1.6×
+    faster, with cosine 0.99997 to the fp32 vectors. Elsewhere bf16 would be emulated, and slower."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
 class HashingTextEncoder:
-    """sklearn HashingVectorizer over word and punctuation tokens: frozen, instant, no weights.
+    """sklearn HashingVectorizer over word/punctuation 1-2-grams: frozen, instant, no weights.
 
-    For CPU smoke runs and unit tests; real routing uses a sentence encoder.
+    Beside the sentence encoder in the default "sentence+hashing" φ; alone, for fast unit tests.
     """
 
     def __init__(self, dim: int = 256, max_tokens: int = 8192):
@@ -249,7 +270,7 @@ class ConcatTextEncoder:
 def build_text_encoder(cfg: MTRouterConfig, device: str = "cpu") -> TextEncoder:
     if cfg.encoder_kind == "hashing":
         return HashingTextEncoder(cfg.hashing_dim, cfg.max_history_tokens)
-    sentence = SentenceTextEncoder(cfg.encoder_path, cfg.max_history_tokens, device)
+    sentence = SentenceTextEncoder(cfg.encoder_path, cfg.max_history_tokens, device, cfg.encoder_bf16)
     if cfg.encoder_kind == "sentence":
         return sentence
     return ConcatTextEncoder(sentence, HashingTextEncoder(cfg.hashing_dim, sentence.max_tokens))

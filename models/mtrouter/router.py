@@ -155,11 +155,15 @@ class MTRouterRouter(Router):
         self.estimator = None
 
     def _histories(self, data: RoutingData) -> np.ndarray:
+        if self.cfg.table_embeddings:
+            if data.embeddings is None:
+                raise InputError("RoutingData", "embeddings", "table_embeddings is on but the table has none cached")
+            return self.featurizer.with_surface(np.asarray(data.embeddings, dtype=np.float32), data.queries)
         texts = [self.encoder.serialise(q, (), self.cfg.history_mode) for q in data.queries]
         return self.featurizer.transform(texts, data.queries)
 
     def fit(self, data: RoutingData) -> "MTRouterRouter":
-        if self.encoder is None:
+        if self.encoder is None and not self.cfg.table_embeddings:
             self.encoder = build_history_encoder(self.cfg)
         self.featurizer = HistoryFeaturizer(self.encoder, self.cfg)
         self.table = routing_attributes(data)

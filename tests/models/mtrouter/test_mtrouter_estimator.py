@@ -56,7 +56,8 @@ def test_early_stopping_on_validation_loss(table, tiny_cfg):
 
 def test_candidates_scored_in_one_batch_match_pairwise_predictions(table, tiny_cfg):
     data, _ = synthetic_set()
-    est = OutcomeEstimator(table, tiny_cfg.replace(ensemble=2)).fit(data.subset(np.arange(300)), data.subset(np.arange(300, 360)))
+    cfg = tiny_cfg.replace(ensemble=2, max_epochs=5)
+    est = OutcomeEstimator(table, cfg).fit(data.subset(np.arange(300)), data.subset(np.arange(300, 360)))
     zx = data.histories[5]
     batch = est.score_candidates(zx, np.arange(3))
     pairwise = est.predict(np.repeat(zx[None], 3, axis=0), np.arange(3))
@@ -67,7 +68,7 @@ def test_candidates_scored_in_one_batch_match_pairwise_predictions(table, tiny_c
 def test_linear_head_recovers_model_specific_effects(table, tiny_cfg):
     data, _ = synthetic_set(n=200)
     train, test = data.subset(np.arange(450)), data.subset(np.arange(450, 600))
-    est = OutcomeEstimator(table, tiny_cfg.replace(linear_head=True)).fit(train, None)
+    est = OutcomeEstimator(table, tiny_cfg.replace(linear_head=True, max_epochs=5)).fit(train, None)
     pred = est.predict(test.features(), test.model_idx)
     assert np.corrcoef(pred, test.targets)[0, 1] > 0.95
 

@@ -104,7 +104,15 @@ def record(i: int, message: str, response: str) -> TurnRecord:
 
 def test_interactions_read_observations_from_the_next_request():
     turns = [record(0, json.dumps([{"role": "user", "content": TASK}]), "go north"),
-             record(1, json.dumps([{"role": "system", "content": "s"}, {"role": "user", "content": "You see a door."}]), "open door")]
+             record(1, json.dumps([{"role": "system", "content": "s"}, {"role": "user", "content": "You see a door."}]),
+                    "open door")]
     pairs = interactions_from_turns(turns, current_observation="The door is open.")
     assert pairs == [Interaction("go north", "You see a door."), Interaction("open door", "The door is open.")]
     assert observation_from_message("print(1)") == "print(1)"  # tool payloads are plain text
+
+
+def test_a_logged_observation_column_is_preferred():
+    rows = [{"message": "ignored", "response": "go north", "observation": "You see a door."},
+            {"message": "ignored", "response": "open door", "observation": "The door is open."}]
+    assert interactions_from_turns(rows, current_observation="stale") == [
+        Interaction("go north", "You see a door."), Interaction("open door", "The door is open.")]

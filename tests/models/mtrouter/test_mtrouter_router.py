@@ -80,7 +80,8 @@ def test_policy_adapter_runs_in_the_rollout_engine(router, book):
     rows = []
     for i, kind in enumerate(["hard", "easy"]):
         for w in WORKERS:
-            rows.append({"dataset": "synthetic", "query_id": f"q{i}", "query": f"{kind} puzzle {i}: combine the numbers {i} and {i + 3} carefully",
+            query = f"{kind} puzzle {i}: combine the numbers {i} and {i + 3} carefully"
+            rows.append({"dataset": "synthetic", "query_id": f"q{i}", "query": query,
                          "worker": w, "score": 1.0 if kind == "easy" or w == "dear" else 0.0, "prompt_tokens": 100,
                          "completion_tokens": 20, "response": f"The answer is {i}"})
     frame = pd.DataFrame(rows)
