@@ -134,9 +134,11 @@ async def play_turn(
     result = await call_worker(worker, payload, max_completion_tokens(spec) if spec.kind == "llm" else None)
     cost = book.cost(spec.name, result.prompt_tokens, result.completion_tokens, result.cached_tokens)
     errors: list[dict[str, Any]] = [{"rule": "worker_error", "severity": "high"}] if result.error else []
+    observation = ""  # a failed call is never shown to the environment, so it shows nothing back
     if not result.error:
         seen = await asyncio.to_thread(env.observe, state, action.primitive, result.text)
-        errors, state.observation, state.done = list(seen.errors), seen.observation, seen.done
+        errors, observation, state.done = list(seen.errors), seen.observation, seen.done
+        state.observation = observation
         if seen.answer is not None:
             state.answer = seen.answer
     state.spent_usd += cost
@@ -145,6 +147,7 @@ async def play_turn(
         message=message_text(payload), response=result.text, prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens, cached_tokens=result.cached_tokens,
         latency_s=result.latency_s, cost_usd=cost, errors=errors, propensity=action.propensity,
+        observation=observation,
     ))
     return result.error
 
@@ -246,7 +249,7 @@ def read_journal(path: Path) -> dict[str, dict[str, Any]]:
         newline = data.find(b"\n", start)
         end = len(data) if newline < 0 else newline + 1
         try:
-            entry = json.loads(data[start:end])
+            entry = upgrade_journal_entry(json.loads(data[start:end]))
             entries.setdefault(entry["episode"]["episode_id"], entry)
         except (ValueError, KeyError, TypeError) as exc:
             if end < len(data):
@@ -258,6 +261,15 @@ def read_journal(path: Path) -> dict[str, dict[str, Any]]:
         with open(path, "r+b") as fh:
             fh.truncate(good_end)
     return entries
+
+
+def upgrade_journal_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """A journal line written before schema version 2 has turns without `observation`; like
+    schema.read_table on a version-1 file, it gets "" (never logged), so a collection begun by the
+    old code resumes and its tables still hold every column."""
+    for turn in entry["turns"]:
+        turn.setdefault("observation", "")
+    return entry
 
 
 def append_journal(fh, episode: dict[str, Any], turns: list[dict[str, Any]]) -> None:

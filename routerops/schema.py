@@ -19,7 +19,10 @@ import pyarrow.parquet as pq
 
 from routerops.errors import InputError
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+# Version "1" files are still read (old DVC-tracked data): they predate the turns' `observation`
+# column (issue 4), which read_table then adds as "" — it was never logged.
+READABLE_VERSIONS = ("1", SCHEMA_VERSION)
 
 # Ended-by values for an episode.
 END_DONE, END_TURN_LIMIT, END_BUDGET, END_ERROR = "done", "turn_limit", "budget", "error"
@@ -63,6 +66,10 @@ TURN_SCHEMA = pa.schema(
         ("depends_on", pa.string()),  # JSON list of subtask ids
         ("message", pa.string()),  # what was sent (JSON of chat messages, or tool input)
         ("response", pa.string()),  # what came back
+        # What the environment showed after this turn's reply: o_{t+1} of MTRouter's history (§3.2,
+        # eq. 2), as Observation.observation. "" when it said nothing: QA environments, tool turns
+        # without output, and turns whose worker call failed (the environment never saw a reply).
+        ("observation", pa.string()),
         ("prompt_tokens", pa.int64()),  # from the server's usage, never estimated
         ("completion_tokens", pa.int64()),
         ("cached_tokens", pa.int64()),
@@ -117,12 +124,27 @@ def read_table(path: str | Path, kind: str) -> pd.DataFrame:
         raise InputError(path, "<file>", f"not a readable Parquet file: {exc}") from exc
     meta = table.schema.metadata or {}
     version = meta.get(b"routerops_schema_version", b"").decode()
-    if version != SCHEMA_VERSION:
-        raise InputError(path, "routerops_schema_version", f"expected {SCHEMA_VERSION}, found {version or 'none'}")
+    if version not in READABLE_VERSIONS:
+        raise InputError(path, "routerops_schema_version",
+                         f"expected one of {', '.join(READABLE_VERSIONS)}, found {version or 'none'}")
+    if version == "1" and kind == "turns":
+        table = upgrade_v1_turns(table)
     missing = [n for n in SCHEMAS[kind].names if n not in table.column_names]
     if missing:
         raise InputError(path, missing[0], "column missing")
     return table.to_pandas()
+
+
+def upgrade_v1_turns(table: pa.Table) -> pa.Table:
+    """A version-1 turns table with version 2's `observation` column added as "" where TURN_SCHEMA
+    has it. Version 1 never logged observations; MTRouter reads "" as "the environment said
+    nothing" (models/mtrouter/history.py, interactions_from_turns), so old multi-turn trajectories
+    give histories without observations until they are collected again."""
+    if "observation" in table.column_names:
+        return table
+    blank = pa.array([""] * table.num_rows, type=pa.string())
+    at = min(TURN_SCHEMA.get_field_index("observation"), table.num_columns)  # a truncated file fails below
+    return table.add_column(at, "observation", blank)
 
 
 def empty_frame(kind: str) -> pd.DataFrame:

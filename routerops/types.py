@@ -62,6 +62,9 @@ class TurnRecord:
     propensity: float
     subtask_id: str = ""
     depends_on: list[str] = field(default_factory=list)
+    # What the environment showed after this turn's reply (Observation.observation): o_{t+1} of
+    # MTRouter's history h_t (§3.2, eq. 2). "" when it said nothing (QA, a failed worker call).
+    observation: str = ""
 
 
 @dataclass

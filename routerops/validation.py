@@ -151,6 +151,9 @@ def turn_expectations(gxe: Any, pool: Pool, book: PriceBook) -> list[Any]:
         gxe.ExpectColumnValuesToBeBetween(column="_cost_rel_error", min_value=0, max_value=COST_RTOL,
                                           **m("turn_cost_derived")),
         gxe.ExpectColumnValuesToNotBeNull(column="propensity", **m("propensity_present")),
+        # "" is a real value (the environment said nothing); null means a writer dropped the column's
+        # value, and MTRouter would silently train on histories without o_{t+1} (§3.2, eq. 2).
+        gxe.ExpectColumnValuesToNotBeNull(column="observation", **m("observation_present")),
         gxe.ExpectColumnValuesToBeBetween(column="propensity", min_value=0, max_value=1, strict_min=True,
                                           **m("propensity_in_range")),
     ]

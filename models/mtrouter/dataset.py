@@ -89,7 +89,9 @@ def drop_random_router_episodes(episodes: pd.DataFrame, cfg: MTRouterConfig) -> 
 
 
 def task_prompt_of(task_id: str, rows: pd.DataFrame, prompts: Mapping[str, str] | None) -> str:
-    """The task block q: from `prompts` (task_id → prompt), else the first request's user message."""
+    """The task block q: from `prompts` (task_id → prompt, the Task.prompt the router sees at routing
+    time), else the first request's last user message — the prompt itself in QA and tool-use, but
+    ScienceWorld's whole templated first prompt, so pass `prompts` there."""
     if prompts is not None:
         if task_id not in prompts:
             raise InputError("<task prompts>", task_id, "no prompt for a task of the episodes table")
@@ -98,8 +100,9 @@ def task_prompt_of(task_id: str, rows: pd.DataFrame, prompts: Mapping[str, str] 
 
 
 def episode_histories(task: str, rows: pd.DataFrame) -> list[list[Interaction]]:
-    """[⟨u_0,o_1⟩ … ⟨u_{t−1},o_t⟩] for every turn t of one episode (eq. 2): o_t reaches the log
-    inside turn t's request."""
+    """[⟨u_0,o_1⟩ … ⟨u_{t−1},o_t⟩] for every turn t of one episode (eq. 2), the history the router
+    builds at routing time before turn t: o_{i+1} is turn i's logged `observation`. Turn t's row is
+    passed along only for rows without that column, whose o_t is read from turn t's request."""
     records = rows.to_dict("records")
     return [interactions_from_turns(records[: t + 1])[:t] for t in range(len(records))]
 

@@ -41,7 +41,7 @@ def _tables() -> tuple[pd.DataFrame, pd.DataFrame]:
         for i, (worker, response, cost, errors) in enumerate(rows):
             turns.append({
                 "episode_id": eid, "turn_index": i, "actor": policy, "worker": worker, "primitive": "answer",
-                "subtask_id": "", "depends_on": "[]", "message": "", "response": response,
+                "subtask_id": "", "depends_on": "[]", "message": "", "response": response, "observation": "",
                 "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "latency_s": 0.0,
                 "cost_usd": cost, "errors": json.dumps(errors), "propensity": 0.5,
             })

@@ -36,7 +36,7 @@ def make_tables() -> tuple[pd.DataFrame, pd.DataFrame]:
                 for t, worker in enumerate(workers):
                     turns.append({"episode_id": eid, "turn_index": t, "actor": policy, "worker": worker,
                                   "primitive": "answer", "subtask_id": "", "depends_on": "[]", "message": "",
-                                  "response": "", "prompt_tokens": 50, "completion_tokens": 10, "cached_tokens": 0,
+                                  "response": "", "observation": "", "prompt_tokens": 50, "completion_tokens": 10, "cached_tokens": 0,
                                   "latency_s": 0.5, "cost_usd": usd / len(workers), "errors": "[]",
                                   "propensity": 1.0})
                 episodes.append({"episode_id": eid, "run_id": "run", "task_id": f"{split}-{i}", "suite": "s",

@@ -12,6 +12,7 @@ import pytest
 
 from routerops import schema
 from routerops.envs.qa import QAEnvironment
+from routerops.envs.tooluse import ToolUseEnvironment
 from routerops.errors import InputError, RouteropsError
 from routerops.policies import RandomMultiTurnPolicy, SinglePolicy, UniformRandomRouter
 from routerops.pricing import Price, PriceBook, WorkerSpec
@@ -159,6 +160,7 @@ async def test_worker_failure_ends_the_episode_with_its_message():
     assert episode["ended_by"] == "error" and "connection" in episode["error"]
     assert json.loads(turns[0]["errors"]) == [{"rule": "worker_error", "severity": "high"}]
     assert episode["score"] == 0.0 and not episode["success"]
+    assert turns[0]["observation"] == ""  # the environment never saw a reply, so it showed nothing
 
 
 class ClosingCountingQA(QAEnvironment):
@@ -281,3 +283,55 @@ async def test_bad_collection_settings_name_the_field_and_write_nothing(tmp_path
         await collect(TASKS, POLICIES, QAEnvironment(), sympy_only(), BOOK, budget, turn_limit, tmp_path / "out",
                       "run-1", 0, concurrency, progress=False)
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- observations (turns schema v2)
+
+# The echo endpoint repeats the last user message, so this prompt makes the first reply a real
+# python tool call; the later replies echo tool results and break the tool-call format.
+TOOL_TASK = Task(task_id="tool/0", suite="tooluse", split="train", answer="391",
+                 prompt='Compute 17 * 23. <tool_call>{"name": "python", "arguments": {"code": "print(17 * 23)"}}</tool_call>')
+
+
+class RecordingToolUse(ToolUseEnvironment):
+    """The real tool-use environment (python sandbox included), keeping every observation it returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.shown: list[str] = []
+
+    def observe(self, state, primitive, text):
+        seen = super().observe(state, primitive, text)
+        self.shown.append(seen.observation)
+        return seen
+
+
+async def test_every_turn_logs_the_observation_the_environment_returned(tmp_path, endpoint):
+    env = RecordingToolUse()
+    episodes, _ = await collect([TOOL_TASK], [RandomMultiTurnPolicy(stop_prob=0.0)], env, {"echo": LLMWorker(ECHO, endpoint)},
+                                BOOK, 10.0, 3, tmp_path, "run-1", 0, 1, progress=False)
+    turns = schema.read_table(tmp_path / "turns.parquet", "turns")
+    assert episodes["turns"].tolist() == [3] and list(turns["observation"]) == env.shown
+    assert env.shown[0] == "391"  # the sandbox ran the echoed tool call
+    assert env.shown[1].startswith("No tool call found") and "Failed to parse" in env.shown[2]
+    for turn, after in zip(turns.itertuples(), turns["message"].iloc[1:]):  # what the agent was shown next
+        assert json.loads(after)[-1]["content"] == f"Tool result:\n{turn.observation}"
+
+
+async def test_a_journal_written_before_observations_resumes(tmp_path, endpoint):
+    """Journals of schema version 1 have turns without `observation`: they are reused, not redone."""
+    (first, _), _ = await gather(tmp_path, TASKS[:2], endpoint)
+    journal = tmp_path / JOURNAL_NAME
+    entries = [json.loads(line) for line in journal.read_text().splitlines()]
+    for entry in entries:
+        for turn in entry["turns"]:
+            del turn["observation"]
+    journal.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    (episodes, turns), rerun_calls = await gather(tmp_path, TASKS, endpoint)
+    redone = turns[~turns["episode_id"].isin(first["episode_id"]) & (turns["worker"] == "echo")]
+    assert rerun_calls == len(redone)  # the old entries stood in for their episodes
+    assert set(episodes["episode_id"]) == planned_ids(TASKS)
+    on_disk = schema.read_table(tmp_path / "turns.parquet", "turns")
+    old = on_disk[on_disk["episode_id"].isin(first["episode_id"])]
+    assert len(old) > 0 and (old["observation"] == "").all() and on_disk["observation"].notna().all()
+

@@ -29,9 +29,43 @@ def test_tables_round_trip_with_schema_version(tmp_path):
     assert list(schema.read_table(path, "turns").columns) == schema.TURN_SCHEMA.names
 
 
-def test_reading_another_schema_version_names_the_field(tmp_path):
+def one_turn(**values) -> pd.DataFrame:
+    row = {"episode_id": "e", "turn_index": 0, "actor": "p", "worker": "w", "primitive": "answer", "subtask_id": "",
+           "depends_on": "[]", "message": "look", "response": "Action: look around", "prompt_tokens": 3,
+           "completion_tokens": 4, "cached_tokens": 0, "latency_s": 0.1, "cost_usd": 0.0, "errors": "[]",
+           "propensity": 1.0}
+    return pd.DataFrame([{**row, **values}])
+
+
+def write_with_version(frame: pd.DataFrame, kind: str, version: str, path: Path) -> Path:
+    """A file as another schema version wrote it: the columns of `frame`, that version's metadata."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    pq.write_table(table.replace_schema_metadata({"routerops_schema_version": version, "table": kind}), path)
+    return path
+
+
+def test_the_observation_column_round_trips(tmp_path):
+    frame = one_turn(observation="This room is called the kitchen.")
+    turns = schema.read_table(schema.write_table(frame, tmp_path / "turns.parquet", "turns"), "turns")
+    assert turns["observation"].tolist() == ["This room is called the kitchen."]
+    with pytest.raises(InputError, match="observation"):  # writers must say what the environment showed
+        schema.write_table(one_turn(), tmp_path / "other.parquet", "turns")
+
+
+def test_a_version_1_turns_file_reads_with_empty_observations(tmp_path):
+    path = write_with_version(one_turn(), "turns", "1", tmp_path / "v1.parquet")
+    turns = schema.read_table(path, "turns")
+    assert list(turns.columns) == schema.TURN_SCHEMA.names
+    assert turns["observation"].tolist() == [""] and turns["response"].tolist() == ["Action: look around"]
+    episodes = write_with_version(schema.empty_frame("episodes"), "episodes", "1", tmp_path / "e1.parquet")
+    assert list(schema.read_table(episodes, "episodes").columns) == schema.EPISODE_SCHEMA.names
+
+
+@pytest.mark.parametrize("version", ["", "0", "3"])
+def test_reading_another_schema_version_names_the_field(tmp_path, version):
     path = tmp_path / "old.parquet"
-    pq.write_table(pa.table({"episode_id": ["x"]}), path)
+    table = pa.table({"episode_id": ["x"]})
+    pq.write_table(table.replace_schema_metadata({"routerops_schema_version": version} if version else None), path)
     with pytest.raises(InputError, match="routerops_schema_version"):
         schema.read_table(path, "episodes")
 

@@ -42,7 +42,8 @@ def make_trajectories() -> tuple[pd.DataFrame, pd.DataFrame]:
             p, c, k = 100 + 17 * i + e, 20 + 3 * i, 10 * i
             rows.append({
                 "episode_id": eid, "turn_index": i, "actor": "random", "worker": worker, "primitive": "answer",
-                "subtask_id": "", "depends_on": "[]", "message": "q", "response": "a", "prompt_tokens": p,
+                "subtask_id": "", "depends_on": "[]", "message": "q", "response": "a",
+                "observation": "" if worker == "smol-direct" else f"observation {i}", "prompt_tokens": p,
                 "completion_tokens": c, "cached_tokens": k, "latency_s": 0.1, "cost_usd": BOOK.cost(worker, p, c, k),
                 "errors": "[]", "propensity": 1.0 / 3,
             })
@@ -73,7 +74,7 @@ def test_clean_set_passes(clean):
     checks = {r.check for r in report.results}
     assert {"episode_id_unique", "turn_key_unique", "turn_index_contiguous", "turn_count_matches",
             "tokens_non_negative", "turn_cost_derived", "episode_cost_is_sum", "worker_in_pool", "score_in_range",
-            "propensity_in_range", "ended_by_known", "turn_episode_exists"} <= checks
+            "propensity_in_range", "ended_by_known", "turn_episode_exists", "observation_present"} <= checks
 
 
 def corrupt(frame: pd.DataFrame, row: int, column: str, value) -> pd.DataFrame:
@@ -110,6 +111,10 @@ def zero_propensity(e, t):
     return e, corrupt(t, 2, "propensity", 0.0)
 
 
+def missing_observation(e, t):
+    return e, corrupt(t, 3, "observation", None)  # "" would be valid: the environment said nothing
+
+
 def unknown_end_reason(e, t):
     return corrupt(e, 0, "ended_by", "crashed"), t
 
@@ -138,6 +143,7 @@ def repeated_turn(e, t):
     (unknown_worker, "worker_in_pool", "turns", "worker"),
     (score_above_one, "score_in_range", "episodes", "score"),
     (zero_propensity, "propensity_in_range", "turns", "propensity"),
+    (missing_observation, "observation_present", "turns", "observation"),
     (unknown_end_reason, "ended_by_known", "episodes", "ended_by"),
     (orphan_turn, "turn_episode_exists", "turns", "episode_id"),
     (wrong_turn_count, "turn_count_matches", "episodes", "turns"),

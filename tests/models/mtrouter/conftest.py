@@ -75,6 +75,7 @@ def trajectory_tables(n_tasks: int = 24, seed: int = 0) -> tuple[pd.DataFrame, p
                 turns.append({
                     "episode_id": eid, "turn_index": t, "actor": policy, "worker": w, "primitive": "answer",
                     "subtask_id": "", "depends_on": "[]", "message": message, "response": f"{w} says {i + t}",
+                    "observation": f"observation after turn {t + 1}",
                     "prompt_tokens": 100, "completion_tokens": 20, "cached_tokens": 0, "latency_s": 0.1,
                     "cost_usd": 0.0, "errors": json.dumps(errors), "propensity": 1.0,
                 })

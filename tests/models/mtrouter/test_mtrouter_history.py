@@ -96,19 +96,31 @@ def test_cache_is_bounded(tiny_cfg):
     assert len(enc._cache) == 2
 
 
-def record(i: int, message: str, response: str) -> TurnRecord:
-    return TurnRecord(turn_index=i, actor="p", worker="w", primitive="answer", message=message, response=response,
-                      prompt_tokens=0, completion_tokens=0, cached_tokens=0, latency_s=0.0, cost_usd=0.0, errors=[],
-                      propensity=1.0)
+def row(message: str, response: str) -> dict:
+    """A turns-table row logged without the `observation` column (hand-built, or an external log)."""
+    return {"message": message, "response": response}
 
 
-def test_interactions_read_observations_from_the_next_request():
-    turns = [record(0, json.dumps([{"role": "user", "content": TASK}]), "go north"),
-             record(1, json.dumps([{"role": "system", "content": "s"}, {"role": "user", "content": "You see a door."}]),
-                    "open door")]
+def test_rows_without_an_observation_column_read_it_from_the_next_request():
+    turns = [row(json.dumps([{"role": "user", "content": TASK}]), "go north"),
+             row(json.dumps([{"role": "system", "content": "s"}, {"role": "user", "content": "You see a door."}]),
+                 "open door")]
     pairs = interactions_from_turns(turns, current_observation="The door is open.")
     assert pairs == [Interaction("go north", "You see a door."), Interaction("open door", "The door is open.")]
     assert observation_from_message("print(1)") == "print(1)"  # tool payloads are plain text
+    nan_rows = [{**r, "observation": float("nan")} for r in turns]  # a frame where only some rows have it
+    assert interactions_from_turns(nan_rows, current_observation="The door is open.") == pairs
+
+
+def test_an_empty_logged_observation_means_the_environment_said_nothing():
+    """QA: turn 1's request repeats the task with a summary of turn 0 — not an observation."""
+    qa_next = json.dumps([{"role": "user", "content": TASK + "\n\nPrevious attempts:\n- w (answer): 41"}])
+    rows = [{"message": "q", "response": "41", "observation": ""},
+            {"message": qa_next, "response": "42", "observation": ""}]
+    assert interactions_from_turns(rows, current_observation="stale") == [Interaction("41", ""), Interaction("42", "")]
+    records = [TurnRecord(i, "p", "w", "answer", m, r, 0, 0, 0, 0.0, 0.0, [], 1.0) for i, (m, r) in
+               enumerate([("q", "41"), (qa_next, "42")])]
+    assert [p.observation for p in interactions_from_turns(records, "stale")] == ["", ""]  # TurnRecord's default
 
 
 def test_a_logged_observation_column_is_preferred():
