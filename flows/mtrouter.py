@@ -1,4 +1,4 @@
-"""MTRouter flow (paper 000): collect → train estimator and ablations → evaluate → analyses.
+"""MTRouter flow (paper 000): collect → train estimator and ablations → evaluate → analyses → register.
 
 `python -m flows.mtrouter` runs it at small scale on ScienceWorld with the embedded pool
 (params.yaml, section `mtrouter`); point `mtrouter.pool` at a vLLM / API pool for the paper scale.
@@ -11,7 +11,7 @@ import argparse
 from prefect import flow
 
 from models.mtrouter import pipeline as mt
-from tasks.mtrouter import ablation_task, analyses_task, collect_task, evaluate_task
+from tasks.mtrouter import ablation_task, analyses_task, collect_task, evaluate_task, register_task
 
 
 @flow(name="mtrouter", log_prints=True)
@@ -33,11 +33,12 @@ def mtrouter_flow(params_file: str = "params.yaml") -> dict:
     (mt.REPORT / "ablations.md").write_text(to_markdown(comparison) + "\n")
     evaluation = evaluate_task(run, episodes, turns, tasks, parent.info.run_id)
     analyses_task(parent.info.run_id)
+    registered = register_task(run, tasks, parent.info.run_id)
     with mlflow.start_run(run_id=parent.info.run_id):
         mlflow.log_artifact(str(mt.REPORT / "ablations.md"))
     print(to_markdown(comparison))
     print(to_markdown(evaluation))
-    return {"parent_run_id": parent.info.run_id}
+    return {"parent_run_id": parent.info.run_id, "registered": registered}
 
 
 def main() -> None:

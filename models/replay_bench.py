@@ -25,6 +25,7 @@ from sklearn.model_selection import KFold
 
 from models.base import Router, RoutingData
 from routerops import metrics
+from routerops.metrics import curve_aiq
 from routerops.pricing import PriceBook, load_price_book
 
 RouterFactory = Callable[[int], Router]
@@ -146,17 +147,6 @@ def cost_window(data: RoutingData) -> tuple[float, float]:
     """AIQ's cost range for a table: from always taking each query's cheapest worker to always taking
     the dearest single worker. Fixed per table, so AIQs of different routers are comparable."""
     return float(data.costs.min(axis=1).mean()), float(data.costs.mean(axis=0).max())
-
-
-def curve_aiq(usd: np.ndarray, accuracy: np.ndarray, window: tuple[float, float]) -> float:
-    """RouterBench AIQ of one curve inside `window`; the hull is cut at the window's right edge."""
-    lo, hi = window
-    hull = metrics.non_decreasing_hull(np.clip(usd, lo, None), accuracy)
-    inside = hull[hull[:, 0] <= hi]
-    if len(inside) < len(hull):  # the hull crosses the right edge: keep the point where it does
-        edge = np.interp(hi, hull[:, 0], hull[:, 1])
-        inside = np.vstack([inside, [hi, edge]]) if len(inside) else np.array([[hi, edge]])
-    return metrics.aiq(inside[:, 0], inside[:, 1], lo, hi)
 
 
 def cost_at_accuracy(usd: np.ndarray, accuracy: np.ndarray, target: float) -> float:
@@ -328,7 +318,7 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """python -m routerops.replay_bench --table T.parquet --prices P.yaml --routers knn mlp ... --out board.csv"""
+    """python -m models.replay_bench --table T.parquet --prices P.yaml --routers knn mlp ... --out board.csv"""
     import argparse
     import json
     import signal

@@ -226,7 +226,7 @@ def judge_on_split(served: ServedRouter, test: RoutingData, objective: str, budg
         budgets = np.full(len(test), np.nan if budget_usd is None else float(budget_usd))
         choice = choose_within_budget(quality, costs, budgets)
         return Outcomes(test.scores[rows, choice][None, :], test.costs[rows, choice][None, :])
-    from routerops.replay_bench import operating_points
+    from models.replay_bench import operating_points
 
     ops = operating_points(served.bundle.router, quality, test)
     return Outcomes(ops.correct, ops.paid)

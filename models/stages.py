@@ -37,7 +37,7 @@ def build_grid(params: Params) -> Path:
 
 def benchmark_routers(params: Params) -> dict[str, Path]:
     """Cross-fitted leaderboard of every configured router on the collected grid."""
-    from routerops.replay_bench import run_replay_benchmark
+    from models.replay_bench import run_replay_benchmark
     from routerops.report import plot_router_curves
 
     cfg = params.routers

@@ -90,7 +90,7 @@ def import_routellm_command(args: argparse.Namespace) -> None:
 
 def replay_command(args: argparse.Namespace) -> None:
     """Cross-fitted leaderboard of every router on a logged-outcomes table (no live call)."""
-    from routerops.replay_bench import main as replay_main
+    from models.replay_bench import main as replay_main
 
     argv = ["--table", args.table, "--prices", args.prices, "--k", str(args.k), "--out", args.out,
             "--bootstrap", str(args.bootstrap), "--routers", *args.routers, "--seeds", *map(str, args.seeds)]
@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--table", required=True)
     replay.add_argument("--prices", required=True, help="price book the costs are derived under")
     replay.add_argument("--routers", nargs="+",
-                        default=["random", "oracle", "cascade", "knn", "logistic", "mf", "mlp", "ensemble"])
+                        default=["random", "oracle", "cascade", "knn", "logistic", "mf", "mlp", "ensemble", "mtrouter"],
+                        help="registry names (models.baselines.ROUTER_FACTORIES) or single:<worker>")
     replay.add_argument("--k", type=int, default=5)
     replay.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     replay.add_argument("--bootstrap", type=int, default=1000)

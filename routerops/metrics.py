@@ -165,6 +165,20 @@ def aiq(costs: ArrayLike, scores: ArrayLike, cost_min: float, cost_max: float) -
     return float(np.trapezoid(y, x))
 
 
+
+def curve_aiq(usd: ArrayLike, accuracy: ArrayLike, window: tuple[float, float]) -> float:
+    """RouterBench AIQ of one accuracy–cost curve inside a fixed cost `window` (so AIQs of different
+    routers on one table compare); points cheaper than the window count at its left edge, and the
+    hull is cut at the right edge."""
+    lo, hi = window
+    hull = non_decreasing_hull(np.clip(np.asarray(usd, dtype=float), lo, None), accuracy)
+    inside = hull[hull[:, 0] <= hi]
+    if len(inside) < len(hull):  # the hull crosses the right edge: keep the point where it does
+        edge = np.interp(hi, hull[:, 0], hull[:, 1])
+        inside = np.vstack([inside, [hi, edge]]) if len(inside) else np.array([[hi, edge]])
+    return aiq(inside[:, 0], inside[:, 1], lo, hi)
+
+
 # ---------------------------------------------------------------- RouteLLM APGR / CPT
 
 

@@ -110,9 +110,7 @@ def objective_value(outcomes: Outcomes, objective: str, window: tuple[float, flo
     if objective == "aiq":
         if window is None:
             raise ValueError("the aiq objective needs the cost window both routers are judged in")
-        from routerops.replay_bench import curve_aiq
-
-        return curve_aiq(paid.mean(axis=1), correct.mean(axis=1), window)
+        return metrics.curve_aiq(paid.mean(axis=1), correct.mean(axis=1), window)
     raise ValueError(f"objective {objective!r} is not one of {OBJECTIVES}")
 
 

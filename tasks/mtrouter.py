@@ -1,8 +1,10 @@
 """Prefect tasks of the MTRouter flow: thin adapters over models/mtrouter/pipeline.py that log to
-MLflow (one parent run; one nested run per ablation and for the evaluation)."""
+MLflow (one parent run; one nested run per ablation, for the evaluation, the registration and the
+promotion gate)."""
 
 from __future__ import annotations
 
+import json
 from functools import partial
 
 import pandas as pd
@@ -76,3 +78,26 @@ def analyses_task(parent_run_id: str) -> list[str]:
     with mlflow.start_run(run_id=parent_run_id):
         mlflow.log_artifacts(str(out), artifact_path="analyses")
     return written
+
+
+@task(name="mtrouter-register")
+def register_task(run: mt.MTRouterRun, tasks: list, parent_run_id: str) -> dict:
+    """Log the evaluated seeds[0] router as `mtrouter-<suite>` and promote it to `champion` only if it
+    beats the current champion on the ID-test tasks (the champion is rolled out on the same tasks)."""
+    import mlflow
+
+    from tasks.registry import register_mtrouter
+
+    router, outcomes = mt.registration_candidate(run)
+    metrics = {"id_test_score_mean": float(outcomes.score.mean()), "id_test_usd_mean": float(outcomes.cost_usd.mean())}
+    with mlflow.start_run(run_id=parent_run_id):
+        registered, decision = register_mtrouter(router, mt.suite_name(tasks), outcomes,
+                                                 partial(mt.champion_outcomes, run, tasks), mt.gate_config(run),
+                                                 data_hashes=mt.training_hashes(), metrics=metrics)
+    summary = {"name": registered.name, "version": registered.version, "model_uri": registered.model_uri,
+               "run_id": registered.run_id, "decision": decision.to_dict()}
+    mt.REPORT.mkdir(parents=True, exist_ok=True)
+    (mt.REPORT / "registry.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    verdict = "promoted" if decision.promote else "refused"
+    print(f"{registered.name} v{registered.version}: {verdict} — {decision.reason}")
+    return summary

@@ -18,7 +18,7 @@ def register_best_router(params: Params) -> dict:
     from models.baselines import make_router
     from models.stages import GRID, ROUTER_REPORTS, best_learned_router, split_for_gate
     from routerops.promotion import GateConfig
-    from routerops.replay_bench import routing_data_from_table
+    from models.replay_bench import routing_data_from_table
     from tasks.registry import register_and_gate
     from tasks.tracking import use_tracking
 

@@ -6,6 +6,11 @@ router classes never import mlflow) with a signature — input: `query` (text) a
 and registers it under one name per router family (`router-knn`, `router-mlp` ...), tagged with the
 data hashes, git commit, price-book version and embedding model.
 
+`log_mtrouter` / `promote_mtrouter_if_better` do the same for the multi-turn MTRouter (paper 000):
+input `task`, `history` (JSON list of {"action", "observation"}), optional `candidates`, `budget_usd`
+and `turns_left`; output the next `worker` (or STOP) and `score:<worker>`; name `mtrouter-<suite>`; the
+gate pairs per-episode scores of the candidate and the champion on the same held-out tasks.
+
 `promote_if_better` is the promotion gate (routerops/promotion.py holds the rule): the candidate
 version and the current `champion` are judged on the same test split; the alias moves only when the
 candidate wins beyond the paired bootstrap interval (the first version is promoted). The decision and
@@ -16,6 +21,7 @@ its evidence are logged as an MLflow run (params, metrics, tags, `promotion_deci
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import tempfile
 import warnings
@@ -31,7 +37,7 @@ from models.serving import (
     BUDGET_COLUMN, COST_COLUMN, QUERY_COLUMN, SCORE_PREFIX, WORKER_COLUMN, EmbeddingRef, ServedRouter, ServingBundle,
     bundled_minilm_ref, expected_costs_from_data, fingerprint, judge_on_split, load_bundle, save_bundle,
 )
-from routerops.promotion import GateConfig, PromotionDecision, decide_promotion
+from routerops.promotion import GateConfig, Outcomes, PromotionDecision, decide_promotion
 from tasks.tracking import git_commit
 
 CHAMPION_ALIAS = "champion"
@@ -53,9 +59,9 @@ class RegisteredRouter:
     model_uri: str  # models:/<name>/<version>
 
 
-def registered_name(family: str) -> str:
+def registered_name(family: str, prefix: str = MODEL_NAME_PREFIX) -> str:
     """`router-<family>`; characters MLflow's UI and URIs dislike (`single:w`, spaces) become `-`."""
-    return MODEL_NAME_PREFIX + re.sub(r"[^A-Za-z0-9_.-]+", "-", family).strip("-")
+    return prefix + re.sub(r"[^A-Za-z0-9_.-]+", "-", family).strip("-")
 
 
 def router_signature(workers: list[str]):
@@ -203,7 +209,7 @@ def promote_if_better(name: str, version: str, test: RoutingData, cfg: GateConfi
                       data_hashes: dict[str, str] | None = None) -> PromotionDecision:
     """Judge version `version` of `name` against the current champion on `test`; move the alias if it
     wins (see module docstring); log the decision. Returns the decision record."""
-    from routerops.replay_bench import cost_window
+    from models.replay_bench import cost_window
 
     version = str(version)
     evidence = {"model": name, "candidate_version": version, "champion_version": champion_version(name),
@@ -215,12 +221,18 @@ def promote_if_better(name: str, version: str, test: RoutingData, cfg: GateConfi
     champion = _current_champion(name, candidate, evidence)
     window = cost_window(test) if cfg.objective == "aiq" else None
     cand_out, champ_out = _judge_both(candidate, champion, test, cfg)
-    decision = decide_promotion(cand_out, champ_out, cfg, window=window, evidence=evidence)
-    if "champion_incompatible" in evidence:
-        decision = dataclasses.replace(decision, reason=f"champion v{evidence['champion_version']} cannot route "
-                                       f"this pool ({evidence['champion_incompatible']}): the candidate replaces it")
+    decision = _replacing_incompatible(decide_promotion(cand_out, champ_out, cfg, window=window, evidence=evidence))
     log_decision(name, version, decision)
     return decision
+
+
+def _replacing_incompatible(decision: PromotionDecision) -> PromotionDecision:
+    """A decision made without a champion because the champion cannot route the pool says so."""
+    evidence = decision.evidence
+    if "champion_incompatible" not in evidence:
+        return decision
+    return dataclasses.replace(decision, reason=f"champion v{evidence['champion_version']} cannot route "
+                               f"this pool ({evidence['champion_incompatible']}): the candidate replaces it")
 
 
 def log_decision(name: str, version: str, decision: PromotionDecision) -> str:
@@ -259,4 +271,152 @@ def register_and_gate(router: Router, train: RoutingData, test: RoutingData, cfg
     registered = log_router(router, train, price_book_version=price_book_version, **log_kwargs)
     decision = promote_if_better(registered.name, registered.version, test, cfg,
                                  data_hashes=log_kwargs.get("data_hashes"))
+    return registered, decision
+
+
+# ---------------------------------------------------------------- the multi-turn MTRouter (paper 000)
+# Logged as a pyfunc over the saved-router directory (loader module models.mtrouter.serving: task and
+# history in, next worker or STOP out) under `mtrouter-<suite>`. Its gate pairs per-episode scores:
+# the candidate's evaluation rollouts and the champion rolled out on the same held-out tasks.
+
+MTROUTER_PREFIX = "mtrouter-"
+MTROUTER_ARTIFACT = "mtrouter"
+MTROUTER_DIR = "mtrouter_router"
+
+
+def mtrouter_signature(workers: list[str]):
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ColSpec, Schema
+
+    from models.mtrouter.serving import CANDIDATES_COLUMN, HISTORY_COLUMN, TASK_COLUMN, TURNS_LEFT_COLUMN
+
+    inputs = Schema([ColSpec("string", TASK_COLUMN), ColSpec("string", HISTORY_COLUMN),
+                     ColSpec("string", CANDIDATES_COLUMN, required=False),
+                     ColSpec("double", BUDGET_COLUMN, required=False),
+                     ColSpec("double", TURNS_LEFT_COLUMN, required=False)])
+    outputs = Schema([ColSpec("string", WORKER_COLUMN)] + [ColSpec("double", f"{SCORE_PREFIX}{w}") for w in workers])
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def mtrouter_input_example(workers: list[str]):
+    """One turn-2 decision: the task, one ⟨action, observation⟩ pair, every worker offered."""
+    import pandas as pd
+
+    history = [{"action": "look around", "observation": "This room is called the kitchen. You see a stove."}]
+    return pd.DataFrame({"task": ["Your task is to boil water. First, focus on the substance."],
+                         "history": [json.dumps(history)], "candidates": [json.dumps(list(workers))],
+                         "budget_usd": [0.05], "turns_left": [5.0]})
+
+
+def mtrouter_tags(router, suite: str, data_hashes: dict[str, str] | None) -> dict[str, str]:
+    tags = {
+        "git_commit": git_commit(),
+        "router_family": "mtrouter",
+        "suite": suite,
+        "price_book_version": router.price_book.version if router.price_book is not None else "none",
+        "pool": router.pool.name,
+        "workers": ",".join(router.pool.names),
+        "encoder_kind": router.cfg.encoder_kind,
+        "encoder_id": router.encoder.text_encoder.encoder_id,
+        "estimator_seed": str(router.cfg.seed),
+    }
+    tags.update({f"data.{k}": str(v) for k, v in (data_hashes or {}).items()})
+    return tags
+
+
+def log_mtrouter(router, suite: str, *, data_hashes: dict[str, str] | None = None,
+                 metrics: dict[str, float] | None = None, include_code: bool = True) -> RegisteredRouter:
+    """Log a fitted models.mtrouter.router.MTRouter as a pyfunc in a new run, registered as
+    `mtrouter-<suite>` and tagged with the git commit, data hashes, price-book version and pool."""
+    import mlflow
+
+    name = registered_name(suite, MTROUTER_PREFIX)
+    tags = mtrouter_tags(router, suite, data_hashes)
+    workers = list(router.pool.names)
+    with mlflow.start_run(run_name=f"register {name}", nested=mlflow.active_run() is not None) as run, \
+            tempfile.TemporaryDirectory(prefix="mtrouter-") as tmp:
+        mlflow.set_tags(tags)
+        mlflow.log_params({f"estimator.{k}": str(v)[:500] for k, v in dataclasses.asdict(router.cfg).items()})
+        mlflow.log_params({f"expected_cost_usd.{w}": c for w, c in router.expected_cost.items()})
+        if metrics:
+            mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
+        info = mlflow.pyfunc.log_model(
+            name=MTROUTER_ARTIFACT, loader_module="models.mtrouter.serving",
+            data_path=str(router.save(Path(tmp) / MTROUTER_DIR)), code_paths=_code_paths() if include_code else None,
+            signature=mtrouter_signature(workers), input_example=mtrouter_input_example(workers),
+            pip_requirements=serving_requirements(router.cfg.encoder_kind != "hashing"), registered_model_name=name,
+        )
+    version = str(info.registered_model_version)
+    client = mlflow.MlflowClient()
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
+    return RegisteredRouter(name, version, run.info.run_id, f"models:/{name}/{version}")
+
+
+def load_registered_mtrouter(name: str, version: str):
+    """A registered MTRouter version, read from its artifacts (no pyfunc load: nothing goes on sys.path)."""
+    import mlflow
+    from mlflow.models import Model
+
+    from models.mtrouter.router import MTRouter
+
+    with tempfile.TemporaryDirectory(prefix="mtrouter-download-") as tmp:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}", dst_path=tmp))
+        return MTRouter.load(local / Model.load(str(local)).flavors["python_function"]["data"])
+
+
+def _episode_outcomes(frame) -> Outcomes:
+    return Outcomes(frame["score"].to_numpy()[None], frame["cost_usd"].to_numpy()[None])
+
+
+def _paired_outcomes(candidate, champion) -> tuple[Outcomes, Outcomes | None, dict[str, Any]]:
+    """Per-task (score, cost_usd) frames → Outcomes on the tasks both were judged on, in one order."""
+    tasks = sorted(set(candidate.index) if champion is None else set(candidate.index) & set(champion.index))
+    if not tasks:
+        raise ValueError("the candidate and the champion were judged on no common test task")
+    pairs = {"test_tasks": tasks, "candidate_scores": candidate.loc[tasks, "score"].tolist()}
+    if champion is None:
+        return _episode_outcomes(candidate.loc[tasks]), None, pairs
+    pairs["champion_scores"] = champion.loc[tasks, "score"].tolist()
+    return _episode_outcomes(candidate.loc[tasks]), _episode_outcomes(champion.loc[tasks]), pairs
+
+
+def promote_mtrouter_if_better(name: str, version: str, candidate, judge, cfg: GateConfig,
+                               data_hashes: dict[str, str] | None = None) -> PromotionDecision:
+    """Gate version `version` of `name` on held-out episodes and move the alias if it wins.
+
+    candidate: DataFrame indexed by task id with the candidate's per-episode `score` and `cost_usd`
+    on the held-out tasks; judge(champion MTRouter, label) → the same frame for the current champion,
+    rolled out on the same tasks. Paired bootstrap on the common tasks (routerops/promotion.py): a tie
+    keeps the champion; the first version is promoted; a champion for another pool is replaced.
+    """
+    import mlflow
+
+    version = str(version)
+    champion_v = champion_version(name)
+    if champion_v == version:
+        raise ValueError(f"{name} version {version} already holds the {CHAMPION_ALIAS!r} alias")
+    evidence: dict[str, Any] = {"model": name, "candidate_version": version, "champion_version": champion_v,
+                                **{f"data.{k}": v for k, v in (data_hashes or {}).items()}}
+    champion = None
+    if champion_v is not None:
+        client = mlflow.MlflowClient()
+        workers = [client.get_model_version(name, v).tags.get("workers") for v in (champion_v, version)]
+        if workers[0] != workers[1]:
+            evidence["champion_incompatible"] = f"champion serves {workers[0]}, candidate {workers[1]}"
+        else:
+            champion = judge(load_registered_mtrouter(name, champion_v), f"{name}-v{champion_v}")
+    cand_out, champ_out, pairs = _paired_outcomes(candidate, champion)
+    decision = decide_promotion(cand_out, champ_out, cfg, evidence={**evidence, **pairs})
+    decision = _replacing_incompatible(decision)
+    log_decision(name, version, decision)
+    return decision
+
+
+def register_mtrouter(router, suite: str, candidate, judge, cfg: GateConfig, *,
+                      data_hashes: dict[str, str] | None = None, **log_kwargs: Any
+                      ) -> tuple[RegisteredRouter, PromotionDecision]:
+    """The MTRouter flow's register step: log + register the router, then gate it (see above)."""
+    registered = log_mtrouter(router, suite, data_hashes=data_hashes, **log_kwargs)
+    decision = promote_mtrouter_if_better(registered.name, registered.version, candidate, judge, cfg, data_hashes)
     return registered, decision

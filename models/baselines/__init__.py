@@ -2,10 +2,12 @@
 
 `make_router(name, seed)` builds a fresh, unfitted router from its registry name; `single:<worker>`
 names a single-worker baseline. Add a router by adding a factory to the registry dict below.
+The registry also names MTRouter's single-turn router (`mtrouter`), so every leaderboard can run it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from models.base import Router
@@ -33,6 +35,25 @@ def _ensemble(seed: int) -> Router:
     )
 
 
+def _mtrouter(seed: int) -> Router:
+    """MTRouter's outcome estimator on a single-turn table (history = the query; models/mtrouter).
+    Imported when called: models.mtrouter imports this package (surface features), so a top-level
+    import would be circular."""
+    from models.mtrouter.router import MTRouterRouter
+
+    return MTRouterRouter(history_encoder=_shared_history_encoder(), seed=seed)
+
+
+@functools.lru_cache(maxsize=1)
+def _shared_history_encoder():
+    """One history encoder for every fold and seed of a process, so each query is embedded once
+    (its content-hash cache serves the other folds; cross-fitting builds a fresh router per fold)."""
+    from models.mtrouter.config import MTRouterConfig
+    from models.mtrouter.history import build_history_encoder
+
+    return build_history_encoder(MTRouterConfig())
+
+
 ROUTER_FACTORIES: dict[str, RouterFactory] = {
     "random": lambda seed: RandomRouter(seed=seed),
     "oracle": lambda seed: Oracle(),
@@ -43,6 +64,7 @@ ROUTER_FACTORIES: dict[str, RouterFactory] = {
     "mf": lambda seed: MatrixFactorizationRouter(seed=seed),
     "mlp": lambda seed: MLPRouter(seed=seed),
     "ensemble": _ensemble,
+    "mtrouter": _mtrouter,
 }
 
 

@@ -43,6 +43,16 @@ class TrainingSet:
         return self.histories[self.history_idx]
 
 
+def shared_histories(parts: list[TrainingSet]) -> tuple[np.ndarray, np.ndarray]:
+    """One history matrix and the rows' indices into it for several TrainingSets: the sets' own
+    matrix when they share one (the single-turn adapter indexes one z_x table), else stacked."""
+    if all(p.histories is parts[0].histories for p in parts):
+        return parts[0].histories, np.concatenate([p.history_idx for p in parts])
+    offsets = np.cumsum([0] + [len(p.histories) for p in parts[:-1]])
+    return (np.concatenate([p.histories for p in parts]),
+            np.concatenate([p.history_idx + o for p, o in zip(parts, offsets)]))
+
+
 @dataclass
 class FitReport:
     train_loss: list[float] = field(default_factory=list)  # mean MSE (standardised targets) per epoch
@@ -116,12 +126,12 @@ class OutcomeEstimator:
         """Fit the head on train ∪ val (RidgeCV validates itself); return both sets with targets
         replaced by their cross-fitted residuals, which the MLP then learns."""
         parts = [train] + ([val] if val is not None else [])
-        x = np.concatenate([p.features() for p in parts])
+        histories, hidx = shared_histories(parts)
         m = np.concatenate([p.model_idx for p in parts])
         y = np.concatenate([p.targets for p in parts])
         groups = None if any(p.groups is None for p in parts) else np.concatenate([p.groups for p in parts])
-        self.head = LinearHead(self.table, self.cfg).fit(x, m, y)
-        residual = y - cross_fitted_predictions(self.head, x, m, y, groups)
+        self.head = LinearHead(self.table, self.cfg).fit(histories, hidx, m, y)
+        residual = y - cross_fitted_predictions(self.head, histories, hidx, m, y, groups)
         train = dataclasses.replace(train, targets=residual[: len(train)])
         return train, None if val is None else dataclasses.replace(val, targets=residual[len(train):])
 

@@ -57,24 +57,28 @@ class LinearHead:
         phi = np.concatenate([np.ones((len(model_idx), 1), np.float32), self.table.standardised()[model_idx]], axis=1)
         return (phi[:, :, None] * x[:, None, :]).reshape(len(x), -1)
 
-    def fit(self, x: np.ndarray, model_idx: np.ndarray, y: np.ndarray) -> "LinearHead":
-        x, model_idx, y = np.asarray(x, dtype=np.float32), np.asarray(model_idx), np.asarray(y, dtype=float)
+    def fit(self, histories: np.ndarray, history_idx: np.ndarray, model_idx: np.ndarray,
+            y: np.ndarray) -> "LinearHead":
+        """Fit on rows (history_idx[i], model_idx[i]) → y[i]; `histories` holds each distinct z_x once,
+        so a single-turn grid of n queries × K models never materialises K copies of its features."""
+        histories = np.asarray(histories, dtype=np.float32)
+        history_idx, model_idx, y = np.asarray(history_idx), np.asarray(model_idx), np.asarray(y, dtype=float)
         alphas = list(self.cfg.ridge_alphas)
         if self.by_attributes:
-            self.joint = _ridge(alphas).fit(self._interactions(x, model_idx), y)
+            self.joint = _ridge(alphas).fit(self._interactions(histories[history_idx], model_idx), y)
             self.loo = _loo(self.joint)
             return self
-        self.coef = np.zeros((len(self.table.models), x.shape[1]), np.float32)
+        self.coef = np.zeros((len(self.table.models), histories.shape[1]), np.float32)
         self.intercept = np.full(len(self.table.models), float(np.mean(y)))  # a model never logged: the mean
         self.loo = np.array(y, dtype=float)
         models = [int(m) for m in np.unique(model_idx)]
         rows = {m: np.flatnonzero(model_idx == m) for m in models}
-        if len(models) > 1 and self._same_histories(x, rows):
+        first = rows[models[0]]
+        if len(models) > 1 and all(np.array_equal(history_idx[rows[m]], history_idx[first]) for m in models):
             # Single-turn grids: every model was logged on the same histories, so one multi-target
             # fit shares the Gram matrix and its eigendecomposition across models.
-            first = rows[models[0]]
             ridge = _ridge(alphas).set_params(alpha_per_target=True)
-            ridge.fit(x[first], np.stack([y[rows[m]] for m in models], axis=1))
+            ridge.fit(histories[history_idx[first]], np.stack([y[rows[m]] for m in models], axis=1))
             for k, m in enumerate(models):
                 self.coef[m], self.intercept[m] = ridge.coef_[k], ridge.intercept_[k]
             loo = _loo(ridge)
@@ -83,15 +87,10 @@ class LinearHead:
             return self
         for m in models:
             if len(rows[m]) >= 2:
-                ridge = _ridge(alphas).fit(x[rows[m]], y[rows[m]])
+                ridge = _ridge(alphas).fit(histories[history_idx[rows[m]]], y[rows[m]])
                 self.coef[m], self.intercept[m] = ridge.coef_, ridge.intercept_
                 self.loo[rows[m]] = _loo(ridge)
         return self
-
-    @staticmethod
-    def _same_histories(x: np.ndarray, rows: dict[int, np.ndarray]) -> bool:
-        blocks = list(rows.values())
-        return all(len(b) == len(blocks[0]) and np.array_equal(x[b], x[blocks[0]]) for b in blocks[1:])
 
     def predict(self, x: np.ndarray, model_idx: np.ndarray) -> np.ndarray:
         x, model_idx = np.asarray(x, dtype=np.float32), np.asarray(model_idx)
@@ -108,8 +107,9 @@ def unique_per_group(model_idx: np.ndarray, groups: np.ndarray | None) -> bool:
     return len(set(pairs)) == len(pairs)
 
 
-def cross_fitted_predictions(head: LinearHead, x: np.ndarray, model_idx: np.ndarray, y: np.ndarray,
-                             groups: np.ndarray | None, folds: int = 5) -> np.ndarray:
+def cross_fitted_predictions(head: LinearHead, histories: np.ndarray, history_idx: np.ndarray,
+                             model_idx: np.ndarray, y: np.ndarray, groups: np.ndarray | None,
+                             folds: int = 5) -> np.ndarray:
     """Out-of-sample g_a(z_x) for every training row of the fitted `head`: its free leave-one-out
     predictions when each task has one row per model, else task-grouped K-fold refits (a task's
     turns share histories, so leaving out one row would leak its siblings)."""
@@ -117,9 +117,9 @@ def cross_fitted_predictions(head: LinearHead, x: np.ndarray, model_idx: np.ndar
         return head.loo
     k = min(folds, len(np.unique(groups)))
     if k < 2:
-        return head.predict(x, model_idx)
+        return head.predict(histories[history_idx], model_idx)
     out = np.empty(len(y), dtype=float)
-    for fit_rows, held in GroupKFold(n_splits=k).split(x, y, groups):
-        part = LinearHead(head.table, head.cfg).fit(x[fit_rows], model_idx[fit_rows], y[fit_rows])
-        out[held] = part.predict(x[held], model_idx[held])
+    for fit_rows, held in GroupKFold(n_splits=k).split(history_idx, y, groups):
+        part = LinearHead(head.table, head.cfg).fit(histories, history_idx[fit_rows], model_idx[fit_rows], y[fit_rows])
+        out[held] = part.predict(histories[history_idx[held]], model_idx[held])
     return out

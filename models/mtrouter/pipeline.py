@@ -1,4 +1,4 @@
-"""MTRouter's stages (paper 000, §3–4): collect → train estimator and ablations → evaluate.
+"""MTRouter's stages (paper 000, §3–4): collect → train estimator and ablations → evaluate → register.
 
 Each is one function called by the Prefect tasks of flows/mtrouter.py. Defaults live in
 params.yaml, section `mtrouter` (small scale for this CPU; the README gives the paper-scale run).
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from routerops.pricing import Pool, load_pool, load_price_book
 
 OUT = Path("data/mtrouter")
 REPORT = Path("reports/mtrouter")
+ROUTERS = OUT / "routers"  # every evaluated estimator seed's router (MTRouter.save); seeds[0] is registered
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,12 @@ class MTRouterRun:
     ablations: list[str] = field(default_factory=lambda: list(ABLATIONS))
     cost_weight: float = 0.0  # λ of the cost-aware variant: score − λ·predicted cost
     estimator: dict = field(default_factory=dict)  # overrides of MTRouterConfig (paper defaults)
+    # Promotion gate of the register step (routerops/promotion.py): the seeds[0] router replaces the
+    # champion only if its mean ID-test episode score beats the champion's on the same tasks by more
+    # than `gate_min_improvement` (score units) at the lower end of a paired bootstrap interval.
+    gate_confidence: float = 0.95
+    gate_n_boot: int = 2000
+    gate_min_improvement: float = 0.0
 
 
 def load_run(path: str | Path = "params.yaml") -> MTRouterRun:
@@ -150,6 +158,7 @@ def evaluate(run: MTRouterRun, episodes: pd.DataFrame, turns: pd.DataFrame, task
                        seed=run.seeds[0])]
     for seed in run.seeds:
         router = fit_router(run, estimator_config(run, seed).replace(cost_weight=run.cost_weight), episodes, turns, prompts)
+        router.save(ROUTERS / f"seed{seed}")  # the register step logs exactly the router evaluated here
         frames.append(rollouts(run, held_out, [router.policy(version=f"seed{seed}")], OUT / f"eval-seed{seed}", seed=seed))
     frames = [(ep.assign(switches=ep.episode_id.map(count_switches(tu)).fillna(0)), tu) for ep, tu in frames]
     episodes_all = pd.concat([f[0] for f in frames], ignore_index=True)
@@ -162,3 +171,55 @@ def evaluate(run: MTRouterRun, episodes: pd.DataFrame, turns: pd.DataFrame, task
     table = per_seed.groupby(["policy", "split"]).agg(["mean", "std"])
     table.columns = [f"{a}_{b}" for a, b in table.columns]
     return table.drop(columns=[c for c in table.columns if c.startswith("seed_")]).reset_index()
+
+
+# ---------------------------------------------------------------- register (the gate's evidence)
+
+
+def suite_name(tasks: list) -> str:
+    """The environment the router serves: `scienceworld` for tasks of suites `scienceworld/<type>`."""
+    names = sorted({t.suite.split("/")[0] for t in tasks})
+    if len(names) != 1:
+        raise InputError("tasks", "suite", f"one environment per MTRouter run, got {names}")
+    return names[0]
+
+
+def gate_config(run: MTRouterRun):
+    """The paired gate on per-episode scores: "accuracy_at_budget" with no per-query budget is the mean
+    score (the rollouts already enforced the per-episode budget B)."""
+    from routerops.promotion import GateConfig
+
+    return GateConfig(objective="accuracy_at_budget", budget_usd=None, n_boot=run.gate_n_boot,
+                      confidence=run.gate_confidence, min_improvement=run.gate_min_improvement, seed=run.seeds[0])
+
+
+def held_out_outcomes(episodes: pd.DataFrame) -> pd.DataFrame:
+    """score and cost_usd of each ID-test episode, indexed by task id (one episode per task)."""
+    test = episodes[episodes.split == "test"]
+    return test.set_index("task_id")[["score", "cost_usd"]].sort_index()
+
+
+def registration_candidate(run: MTRouterRun):
+    """The seeds[0] router as evaluate() fit and rolled it out, and its ID-test outcomes."""
+    from models.mtrouter.router import MTRouter
+
+    episodes = schema.read_table(OUT / "eval/episodes.parquet", "episodes")
+    mine = episodes[(episodes.policy == "mtrouter") & (episodes.policy_version == f"seed{run.seeds[0]}")]
+    return MTRouter.load(ROUTERS / f"seed{run.seeds[0]}"), held_out_outcomes(mine)
+
+
+def champion_outcomes(run: MTRouterRun, tasks: list, champion, label: str) -> pd.DataFrame:
+    """Roll `champion` out on the ID-test tasks with the candidate's seed, budget and turn limit."""
+    out_dir = OUT / "gate" / label
+    shutil.rmtree(out_dir, ignore_errors=True)  # this champion's episodes, never an older journal's
+    test = [t for t in tasks if t.split == "test"]
+    episodes, _ = rollouts(run, test, [champion.policy(name="mtrouter-champion", version=label)], out_dir,
+                           seed=run.seeds[0])
+    return held_out_outcomes(episodes)
+
+
+def training_hashes() -> dict[str, str]:
+    """sha256 of the tables the registered router learned from."""
+    files = {"train_episodes_sha256": "train/episodes.parquet", "train_turns_sha256": "train/turns.parquet",
+             "tasks_sha256": "tasks.jsonl"}
+    return {key: schema.file_sha256(OUT / rel) for key, rel in files.items()}

@@ -11,6 +11,8 @@ candidates are scored in one batch. `MTRouterPolicy` plugs the router into the r
 
 from __future__ import annotations
 
+from pathlib import Path
+import warnings
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -20,7 +22,7 @@ from models.base import Router, RoutingData
 from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.dataset import HistoryFeaturizer, TurnExamples, turn_examples, validation_rows
 from models.mtrouter.estimator import TrainingSet, build_estimator
-from models.mtrouter.history import HistoryEncoder, build_history_encoder, interactions_from_turns
+from models.mtrouter.history import HistoryEncoder, Interaction, build_history_encoder, interactions_from_turns
 from models.mtrouter.model_encoder import AttributeTable, attribute_table
 from models.mtrouter.targets import expected_episode_lengths
 from routerops.errors import InputError
@@ -80,9 +82,17 @@ class MTRouter:
     # ---- inference
     def history_features(self, state: EpisodeState) -> np.ndarray:
         """z_x of the current history h_t (one embedding, cached by content hash)."""
-        interactions = interactions_from_turns(state.turns, state.observation)
-        text = self.encoder.serialise(state.task.prompt, interactions, self.cfg.history_mode)
-        return self.featurizer.transform([text], [state.task.prompt])[0]
+        return self.features_of(state.task.prompt, interactions_from_turns(state.turns, state.observation))
+
+    def features_of(self, task: str, interactions: Sequence[Interaction]) -> np.ndarray:
+        """z_x of h_t = [q, ⟨u_0, o_1⟩, …] given as the task text and its interactions (eq. 2)."""
+        text = self.encoder.serialise(task, interactions, self.cfg.history_mode)
+        return self.featurizer.transform([text], [task])[0]
+
+    @property
+    def input_dim(self) -> int:
+        """Width of z_x: φ's width, plus the surface statistics when they are on."""
+        return int(self.encoder.dim) + (0 if self.featurizer.mean is None else len(self.featurizer.mean))
 
     def score(self, zx: np.ndarray, workers: Sequence[str]) -> np.ndarray:
         """ŝ(h_t, a) for each candidate worker, all in one batch."""
@@ -103,16 +113,33 @@ class MTRouter:
                       and self.expected_cost.get(a.worker, 0.0) <= remaining]
         if not candidates:
             return STOP
-        utility = self.score(self.history_features(state), [a.worker for a in candidates])
-        cost = np.array([self.expected_cost.get(a.worker, 0.0) for a in candidates])
-        utility = utility - self.cfg.cost_weight * cost
-        # Exact ties go to the cheaper action, so raising λ never raises spend.
-        best = min(range(len(candidates)), key=lambda i: (-utility[i], cost[i], i))
-        chosen = candidates[best]
+        workers = [a.worker for a in candidates]
+        chosen = candidates[self.best_index(workers, self.score(self.history_features(state), workers))]
         return Action(chosen.worker, chosen.primitive, 1.0)
+
+    def best_index(self, workers: Sequence[str], scores: np.ndarray) -> int:
+        """argmax of ŝ − λ·ĉ over `workers` with their scores ŝ (eq. 8 and its cost-aware variant)."""
+        cost = np.array([self.expected_cost.get(w, 0.0) for w in workers])
+        utility = np.asarray(scores, dtype=float) - self.cfg.cost_weight * cost
+        # Exact ties go to the cheaper action, so raising λ never raises spend.
+        return min(range(len(workers)), key=lambda i: (-utility[i], cost[i], i))
 
     def policy(self, name: str = "mtrouter", version: str = "1") -> "MTRouterPolicy":
         return MTRouterPolicy(self, name, version)
+
+    # ---- persistence (models/mtrouter/serving.py: JSON + torch state_dicts + npz, no pickle)
+    def save(self, directory: str | Path) -> Path:
+        """Write the fitted router to `directory` (replaced atomically); φ is referenced by the config."""
+        from models.mtrouter.serving import save_router
+
+        return save_router(self, directory)
+
+    @classmethod
+    def load(cls, directory: str | Path, history_encoder: HistoryEncoder | None = None) -> "MTRouter":
+        """A router written by `save`; it scores every history exactly as the saved one did."""
+        from models.mtrouter.serving import load_router
+
+        return load_router(directory, history_encoder)
 
 
 class MTRouterPolicy:
@@ -133,9 +160,20 @@ class MTRouterPolicy:
 
 def routing_attributes(data: RoutingData) -> AttributeTable:
     """Pool attributes of a logged-outcome table plus each worker's mean USD per call (its price
-    signal: the paper's attribute vector includes pricing)."""
+    signal: the paper's attribute vector includes pricing).
+
+    Only attributes every worker carries are kept: published tables describe their models unevenly,
+    and a missing value would otherwise read as 0. Dropping one loses nothing a model's identity
+    cannot give back — its learned residual e_a (eq. 3) is free to absorb it.
+    """
+    given = {w: dict(data.worker_attributes.get(w) or {}) for w in data.workers}
+    shared = set.intersection(*(set(a) for a in given.values())) if given else set()
+    dropped = sorted(set().union(*given.values()) - shared)
+    if dropped:
+        warnings.warn(f"MTRouter ignores attributes not given for every worker: {dropped}", stacklevel=2)
+    attributes = {w: {k: v for k, v in a.items() if k in shared} for w, a in given.items()}
     extra = {w: {"mean_cost_usd": float(np.nanmean(data.costs[:, j]))} for j, w in enumerate(data.workers)}
-    return attribute_table(data.workers, data.worker_attributes, extra=extra, source="RoutingData.worker_attributes")
+    return attribute_table(data.workers, attributes, extra=extra, source="RoutingData.worker_attributes")
 
 
 class MTRouterRouter(Router):
@@ -143,6 +181,12 @@ class MTRouterRouter(Router):
     (query, worker) per observed cell with target = its score; quality = ŝ(q, worker)."""
 
     name = "mtrouter"
+    # Below this many training queries the linear head's leave-one-out residuals are undefined
+    # (one query leaves nothing to fit); the MLP then learns the targets alone.
+    MIN_QUERIES_FOR_HEAD = 3
+    # (query, worker) rows scored per estimator call: predict_matrix repeats z_x per candidate, so
+    # 10k queries × 12 workers × a 4k-wide z_x would be ~2 GB in one batch.
+    PREDICT_ROWS = 16_384
 
     def __init__(self, cfg: MTRouterConfig | None = None, history_encoder: HistoryEncoder | None = None,
                  seed: int | None = None):
@@ -163,6 +207,8 @@ class MTRouterRouter(Router):
         return self.featurizer.transform(texts, data.queries)
 
     def fit(self, data: RoutingData) -> "MTRouterRouter":
+        if not np.isfinite(data.scores).any():
+            raise InputError("RoutingData", "scores", f"no observed score among {len(data)} queries to fit on")
         if self.encoder is None and not self.cfg.table_embeddings:
             self.encoder = build_history_encoder(self.cfg)
         self.featurizer = HistoryFeaturizer(self.encoder, self.cfg)
@@ -172,7 +218,10 @@ class MTRouterRouter(Router):
         self.featurizer.fit([data.queries[i] for i in train_q])
         zx = self._histories(data)
         train, val = (self._cells(zx, data, rows) for rows in (train_q, val_q))
-        self.estimator = build_estimator(self.table, self.cfg).fit(train, val if len(val) else None)
+        cfg = self.cfg
+        if len(train_q) + len(val_q) < self.MIN_QUERIES_FOR_HEAD:  # the head fits on train ∪ val
+            cfg = cfg.replace(linear_head=False)
+        self.estimator = build_estimator(self.table, cfg).fit(train, val if len(val) else None)
         return self
 
     def _cells(self, zx: np.ndarray, data: RoutingData, rows: np.ndarray) -> TrainingSet:
@@ -186,4 +235,7 @@ class MTRouterRouter(Router):
         if self.estimator is None:
             raise RuntimeError("MTRouterRouter.predict_quality before fit()")
         idx = np.array([self.table.index(w) for w in data.workers], dtype=np.int64)
-        return self.estimator.predict_matrix(self._histories(data), idx)
+        zx = self._histories(data)
+        step = max(1, self.PREDICT_ROWS // max(1, len(idx)))
+        parts = [self.estimator.predict_matrix(zx[i:i + step], idx) for i in range(0, len(zx), step)]
+        return np.concatenate(parts) if parts else np.zeros((0, len(idx)))

@@ -12,7 +12,7 @@ from models.baselines import (
     PromptedLLMRouter, RandomRouter, SingleWorker, make_router, parse_choice, surface_features,
 )
 from models.baselines.synthetic import make_synthetic_table
-from routerops.replay_bench import cross_fit, knob_grid, operating_points
+from models.replay_bench import cross_fit, knob_grid, operating_points
 
 ONE_CALL_ROUTERS = ["random", "oracle", "knn", "logistic", "logistic_tfidf", "mf", "mlp", "ensemble"]
 
@@ -207,7 +207,7 @@ def test_surface_features_count_quantities():
 
 
 def test_cross_fitted_learned_router_beats_random_on_synthetic(table):
-    from routerops.replay_bench import curve_aiq, cost_window
+    from models.replay_bench import curve_aiq, cost_window
 
     def aiq_of(name):
         router = make_router(name, seed=0)

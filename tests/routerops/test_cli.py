@@ -31,6 +31,7 @@ def trajectories(book_path: Path = BOOK) -> tuple[pd.DataFrame, pd.DataFrame]:
         "episode_id": ["e1", "e2", "e2"], "turn_index": [0, 0, 1], "actor": ["p"] * 3,
         "worker": ["smol-cot", "smol-direct", "sympy"], "primitive": ["answer", "answer", "sympy"],
         "subtask_id": [""] * 3, "depends_on": ["[]"] * 3, "message": ["q"] * 3, "response": ["a"] * 3,
+        "observation": [""] * 3,
         "prompt_tokens": [100, 50, 0], "completion_tokens": [40, 5, 0], "cached_tokens": [0, 10, 0],
         "latency_s": [0.5, 0.1, 0.01], "errors": ["[]"] * 3, "propensity": [1.0, 0.5, 0.5],
     })

@@ -1,0 +1,125 @@
+"""End to end: the MTRouter flow (collect → ablations → evaluate → analyses → register) under Prefect,
+on ScienceWorld (its simulator in a JVM) with the embedded pool served by the real llama.cpp server.
+
+Tiny scale: one ID task type with 3 variations (1 train, 2 test), one OOD task type with 1, two
+turns, one estimator seed, two ablations, the hashing history encoder. The flow writes to paths
+relative to the working directory, so it runs in a temporary one with its own MLflow store.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytest.importorskip("scienceworld")
+
+MTROUTER = {
+    "pool": str(REPO / "configs/pool.yaml"), "price_book": str(REPO / "configs/prices/current.yaml"),
+    "id_types": ["find-plant"], "ood_types": ["find-non-living-thing"], "max_variations": 3,
+    "budget_usd": 0.05, "turn_limit": 2, "concurrency": 2, "seeds": [0], "ablations": ["full", "ridge"],
+    "estimator": {"encoder_kind": "hashing", "hashing_dim": 512, "disk_cache": False, "max_epochs": 20},
+    "gate_n_boot": 500,
+}
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    root = tmp_path / "work"
+    root.mkdir()
+    db = root / "mlflow" / "test.db"
+    params = {"track": {"tracking_uri": f"sqlite:///{db}", "artifact_root": str(root / "mlflow/artifacts"),
+                        "experiment": "mtrouter-flow-test"}, "mtrouter": MTROUTER}
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    # A commit to tag the registered model with (the flow reads `git rev-parse HEAD` in its cwd).
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], cwd=root, check=True)
+    subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "flow test"], cwd=root, check=True)
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
+    yield root
+    import mlflow
+
+    mlflow.set_tracking_uri(None)
+
+
+def test_mtrouter_flow_end_to_end(workdir):
+    import mlflow
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.mtrouter import mtrouter_flow
+
+    with prefect_test_harness(server_startup_timeout=300):
+        result = mtrouter_flow(params_file="params.yaml")
+
+    report = workdir / "reports/mtrouter"
+    ablations = (report / "ablations.md").read_text()
+    assert "full" in ablations and "ridge" in ablations
+    evaluation = pd.read_csv(report / "evaluation.csv")
+    assert {"test", "ood"} <= set(evaluation.split) and "mtrouter" in set(evaluation.policy)
+    assert {"random_multi_turn", "single/smol-direct/answer", "single/smol-cot/answer"} <= set(evaluation.policy)
+    assert (report / "analyses/cost_vs_switches.png").stat().st_size > 1000
+
+    turns = pd.read_parquet(workdir / "data/mtrouter/eval/turns.parquet")
+    assert len(turns) > 0 and (turns.prompt_tokens > 0).all() and (turns.completion_tokens > 0).all()
+    assert turns.groupby("episode_id").turn_index.max().max() <= 1  # turn limit 2
+
+    registry = json.loads((report / "registry.json").read_text())
+    assert registry == result["registered"] and registry["name"] == "mtrouter-scienceworld"
+    decision = registry["decision"]
+    assert decision["promote"] and "no current champion" in decision["reason"]
+    evaluated = pd.read_parquet(workdir / "data/mtrouter/eval/episodes.parquet")
+    id_test = evaluated.query("policy == 'mtrouter' and split == 'test'")
+    assert decision["candidate_score"] == pytest.approx(id_test.score.mean())
+    assert sorted(decision["evidence"]["test_tasks"]) == sorted(id_test.task_id)
+
+    runs = mlflow.search_runs(experiment_names=["mtrouter-flow-test"])
+    parent = result["parent_run_id"]
+    children = runs[runs["tags.mlflow.parentRunId"] == parent]
+    assert {"ablation:full", "ablation:ridge", "evaluation", "register mtrouter-scienceworld",
+            "promotion-gate mtrouter-scienceworld v1"} <= set(children["tags.mlflow.runName"])
+
+    client = mlflow.MlflowClient()
+    champion = client.get_model_version_by_alias("mtrouter-scienceworld", "champion")
+    assert str(champion.version) == registry["version"] == "1"
+    tags = champion.tags
+    assert tags["workers"] == "smol-direct,smol-cot" and tags["encoder_kind"] == "hashing"
+    assert len(tags["git_commit"]) == 40 and tags["price_book_version"]
+    assert {"data.train_episodes_sha256", "data.train_turns_sha256", "data.tasks_sha256"} <= set(tags)
+
+    # The registered champion routes a ScienceWorld turn the way the router the flow evaluated does.
+    from models.mtrouter.router import MTRouter
+    from models.mtrouter.serving import ServedMTRouter
+
+    from routerops.envs.suites import read_tasks
+
+    prompt = next(t.prompt for t in read_tasks(workdir / "data/mtrouter/tasks.jsonl") if t.split == "test")
+    request = pd.DataFrame({"task": [prompt, prompt], "history": ["[]", json.dumps(
+        [{"action": "look around", "observation": "This room is called the greenhouse."}])]})
+    served = mlflow.pyfunc.load_model("models:/mtrouter-scienceworld@champion").predict(request)
+    local = ServedMTRouter(MTRouter.load(workdir / "data/mtrouter/routers/seed0")).predict(request)
+    pd.testing.assert_frame_equal(served, local)
+
+    # Registering again gates against v1, rolled out on the same ID-test tasks: a tie keeps v1.
+    from models.mtrouter import pipeline as mt
+    from tasks.mtrouter import register_task
+
+    again = register_task.fn(mt.load_run("params.yaml"), read_tasks(workdir / "data/mtrouter/tasks.jsonl"), parent)
+    evidence = again["decision"]["evidence"]
+    assert again["version"] == "2" and evidence["champion_version"] == "1"
+    assert evidence["test_tasks"] == sorted(id_test.task_id) and len(evidence["champion_scores"]) == len(id_test)
+    assert (workdir / "data/mtrouter/gate/mtrouter-scienceworld-v1/episodes.parquet").is_file()
+    if evidence["champion_scores"] == evidence["candidate_scores"]:
+        assert not again["decision"]["promote"]
+    now = client.get_model_version_by_alias("mtrouter-scienceworld", "champion")
+    assert str(now.version) == ("2" if again["decision"]["promote"] else "1")
