@@ -23,6 +23,7 @@ def mtrouter_flow(params_file: str = "params.yaml") -> dict:
     from tasks.tracking import git_commit, use_tracking
 
     run = mt.load_run(params_file)
+    mt.check_run(run)
     use_tracking(load_params(params_file).track)
     with mlflow.start_run(run_name="mtrouter") as parent:
         mlflow.set_tag("git_commit", git_commit())

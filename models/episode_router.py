@@ -44,6 +44,8 @@ def episode_grid(episodes: pd.DataFrame, prompts: Mapping[str, str],
         single = single[single["error"].fillna("") == ""]
     wide = single.pivot_table(index="task_id", columns="worker", values=["unit_score", "cost_usd"], aggfunc="mean")
     wide = wide.dropna()
+    if wide.empty:
+        raise InputError("episodes", "task_id", "no task was finished by every model: the grid is empty")
     missing = sorted(set(wide.index) - set(prompts))
     if missing:
         raise InputError("prompts", "task_id", f"no task text for {missing[0]!r}")

@@ -36,12 +36,17 @@ class MTRouterRun:
     id_types: list[str] = field(default_factory=lambda: ["find-plant", "boil"])
     ood_types: list[str] = field(default_factory=lambda: ["find-non-living-thing"])
     max_variations: int = 5  # per task type (paper: at most N variations per type)
+    split_seed: int = 42  # ID variations → train / val / test 60/20/20 (App. A: seed 42)
     budget_usd: float = 0.05  # B, per episode
     turn_limit: int = 6  # Tmax
     concurrency: int = 2
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # estimator seeds for mean ± std
     ablations: list[str] = field(default_factory=lambda: list(ABLATIONS))
     cost_weight: float = 0.0  # λ of the cost-aware variant: score − λ·predicted cost
+    # Episode-level baselines (§4.1 "single-turn routers"): routers of models.baselines trained on the
+    # single-model episodes' task × model grid; one decision at turn 0, kept for the episode.
+    episode_routers: list[str] = field(default_factory=lambda: ["knn", "logistic", "mf", "mlp"])
+    score_bounds: list[float] = field(default_factory=lambda: [-100.0, 100.0])  # ScienceWorld's score range
     estimator: dict = field(default_factory=dict)  # overrides of MTRouterConfig (paper defaults)
     # Promotion gate of the register step (routerops/promotion.py): the seeds[0] router replaces the
     # champion only if its mean ID-test episode score beats the champion's on the same tasks by more
@@ -59,6 +64,18 @@ def load_run(path: str | Path = "params.yaml") -> MTRouterRun:
     return MTRouterRun(**raw)
 
 
+def check_run(run: MTRouterRun) -> None:
+    """Fail before any work on what would fail later: the estimator overrides, an LLM-less pool, or a
+    pool worker without a price (an unpriced worker would make the budget B meaningless)."""
+    from routerops.pricing import check_pool_priced
+
+    estimator_config(run)
+    pool = llm_pool(run)
+    if not pool.workers:
+        raise InputError(run.pool, "workers", "no LLM worker: ScienceWorld needs models that emit text actions")
+    check_pool_priced(pool, load_price_book(run.price_book), run.price_book)
+
+
 def llm_pool(run: MTRouterRun) -> Pool:
     """ScienceWorld takes one text action per turn: only LLM workers can act."""
     pool = load_pool(run.pool)
@@ -66,14 +83,15 @@ def llm_pool(run: MTRouterRun) -> Pool:
 
 
 def estimator_config(run: MTRouterRun, seed: int = 0) -> MTRouterConfig:
-    return MTRouterConfig().replace(**{**run.estimator, "seed": seed}) if run.estimator or seed else MTRouterConfig()
+    return MTRouterConfig.from_dict({**run.estimator, "seed": seed}, source="params.yaml mtrouter.estimator")
 
 
 def materialise(run: MTRouterRun) -> list:
     from routerops.envs.scienceworld_env import scienceworld_tasks
     from routerops.envs.suites import write_tasks
 
-    tasks = scienceworld_tasks(run.id_types, run.ood_types, max_variations=run.max_variations, seed=42)
+    tasks = scienceworld_tasks(run.id_types, run.ood_types, max_variations=run.max_variations,
+                                seed=run.split_seed)
     write_tasks(tasks, OUT / "tasks.jsonl")
     return tasks
 
@@ -146,16 +164,29 @@ def ablation_metrics(run: MTRouterRun, name: str, episodes: pd.DataFrame, turns:
     return metrics
 
 
+def episode_level_baselines(run: MTRouterRun, episodes: pd.DataFrame, prompts: dict) -> list:
+    """The evaluation issue's routers as episode-level policies, trained on the train and validation
+    tasks MTRouter learns from (never on test or OOD)."""
+    from models.episode_router import episode_level_policies
+
+    if not run.episode_routers:
+        return []
+    train = episodes[episodes.split.isin(["train", "val"])]
+    return episode_level_policies(run.episode_routers, train, prompts, tuple(run.score_bounds), seed=run.seeds[0],
+                                  cost_weight=run.cost_weight)
+
+
 def evaluate(run: MTRouterRun, episodes: pd.DataFrame, turns: pd.DataFrame, tasks: list) -> pd.DataFrame:
-    """MTRouter (one per estimator seed) against the single-model and random baselines on ID test and
-    OOD (§4.1): mean ± std over seeds of score, success, USD per episode, turns and switches."""
+    """MTRouter (one per estimator seed) against the single-model, random and episode-level router
+    baselines on ID test and OOD (§4.1): mean ± std over seeds of score, success, USD per episode,
+    turns and switches."""
     from routerops.metrics import count_switches
 
     prompts = {t.task_id: t.prompt for t in tasks}
     held_out = [t for t in tasks if t.split in ("test", "ood")]
     # The baselines do not depend on the estimator's seed: roll them out once.
-    frames = [rollouts(run, held_out, behaviour_policies(llm_pool(run), seed=run.seeds[0]), OUT / "eval-baselines",
-                       seed=run.seeds[0])]
+    baselines = behaviour_policies(llm_pool(run), seed=run.seeds[0]) + episode_level_baselines(run, episodes, prompts)
+    frames = [rollouts(run, held_out, baselines, OUT / "eval-baselines", seed=run.seeds[0])]
     for seed in run.seeds:
         router = fit_router(run, estimator_config(run, seed).replace(cost_weight=run.cost_weight), episodes, turns, prompts)
         router.save(ROUTERS / f"seed{seed}")  # the register step logs exactly the router evaluated here

@@ -33,3 +33,27 @@ def test_invalid_values_are_rejected_with_the_field_named(bad):
     with pytest.raises(InputError) as err:
         MTRouterConfig.from_dict(bad)
     assert err.value.field == next(iter(bad))
+
+
+def test_params_yaml_spells_out_the_papers_numbers(tmp_path):
+    """params.yaml carries every paper number as the run's default: the estimator section builds a
+    config equal to the paper defaults except the documented ScienceWorld score scale."""
+    from pathlib import Path
+
+    import yaml
+
+    from models.mtrouter.pipeline import estimator_config, load_run
+
+    repo = Path(__file__).resolve().parents[3]
+    run = load_run(repo / "params.yaml")
+    cfg = estimator_config(run)
+    assert cfg == MTRouterConfig().replace(score_range=200.0)
+    assert run.split_seed == 42 and len(run.seeds) == 3
+    for key in ("max_history_tokens", "residual_l2", "learning_rate", "patience", "severity_medium", "progress_p1"):
+        assert key in run.estimator
+
+    bad = yaml.safe_load((repo / "params.yaml").read_text())
+    bad["mtrouter"]["estimator"]["patiense"] = 3
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(InputError, match="mtrouter.estimator.*patiense"):
+        estimator_config(load_run(tmp_path / "params.yaml"))
