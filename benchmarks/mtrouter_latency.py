@@ -1,8 +1,8 @@
 """MTRouter latency on this CPU: one turn-level routing decision over a 6-model pool with the
 history embedding cached (target p99 ≤ 5 ms), and embedding one fresh 512-token history with the
-default frozen encoder (target p99 ≤ 60 ms).
+default frozen encoder and backend (MTRouterConfig.encoder_backend; target p99 ≤ 60 ms).
 
-    python benchmarks/mtrouter_latency.py [--decisions 2000] [--embeddings 200]
+    python benchmarks/mtrouter_latency.py [--decisions 2000] [--embeddings 200] [--embed-threads 2]
         [--out benchmarks/results/mtrouter_latency.json]
 """
 
@@ -27,6 +27,8 @@ from models.mtrouter.config import MTRouterConfig  # noqa: E402
 TARGET_DECISION_P99_MS = 5.0
 TARGET_EMBED_P99_MS = 60.0
 POOL_SIZE = 6
+# Embedding one fresh history is a single latency-bound request: it gets both cores of this machine.
+EMBED_THREADS = 2
 WORDS = "the beaker holds water heat it until it boils then move it to the table and read the thermometer".split()
 
 
@@ -91,8 +93,19 @@ def measure_decisions(n: int, seed: int) -> dict:
     return {**percentiles(ms, TARGET_DECISION_P99_MS), "pool_size": POOL_SIZE, "cache_hits": router.encoder.hits}
 
 
-def measure_embedding(n: int) -> dict:
+def measure_embedding(n: int, threads: int = EMBED_THREADS) -> dict:
     """Embed n distinct histories truncated to 512 tokens by the encoder's tokenizer (no cache)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)  # the ONNX Runtime session takes its thread count from torch's
+    try:
+        return {**_time_embedding(n), "threads": threads, "load_average_after": [round(x, 2) for x in os.getloadavg()]}
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _time_embedding(n: int) -> dict:
     from models.mtrouter.history import HistoryEncoder, Interaction, build_text_encoder
 
     cfg = MTRouterConfig(max_history_tokens=512, disk_cache=False, cache_size=1)
@@ -107,26 +120,31 @@ def measure_embedding(n: int) -> dict:
         start = time.perf_counter_ns()
         encoder.encode_texts([text])
         ms[i] = (time.perf_counter_ns() - start) / 1e6
-    return {**percentiles(ms, TARGET_EMBED_P99_MS), "history_tokens": tokens, "encoder": encoder.text_encoder.encoder_id}
+    return {**percentiles(ms, TARGET_EMBED_P99_MS), "history_tokens": tokens, "encoder_backend": cfg.encoder_backend,
+            "encoder": encoder.text_encoder.encoder_id}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decisions", type=int, default=2000)
     parser.add_argument("--embeddings", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (one request per core)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for decisions (one request per core)")
+    parser.add_argument("--embed-threads", type=int, default=EMBED_THREADS, help="threads for one history embedding")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "mtrouter_latency.json")
     args = parser.parse_args(argv)
     import torch
 
+    load_before = [round(x, 2) for x in os.getloadavg()]
     torch.set_num_threads(args.threads)
     report = {
         "benchmark": "mtrouter_latency",
         "decision": measure_decisions(args.decisions, args.seed),
-        "history_embedding_512_tokens": measure_embedding(args.embeddings),
+        "history_embedding_512_tokens": measure_embedding(args.embeddings, args.embed_threads),
+        # p99 on a shared machine is mostly other processes' preemption: record how busy it was
         "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "torch_threads": args.threads,
-                    "platform": platform.platform(), "load_average": os.getloadavg()},
+                    "embed_threads": args.embed_threads, "platform": platform.platform(),
+                    "load_average_before": load_before, "load_average_after": [round(x, 2) for x in os.getloadavg()]},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

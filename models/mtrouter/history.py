@@ -109,9 +109,9 @@ def serialise_history(task: str, interactions: Sequence[Interaction], encoder: T
 
 
 def observation_from_message(message: str) -> str:
-    """The observation a turn's request carried: the last user message of a chat payload, or the
-    raw text for tool payloads. (The turns table logs requests, not observations: the observation
-    o_i reaches the log as part of the request of turn i.)"""
+    """The last user message of a chat payload, or the raw text for tool payloads: the task block q
+    of a turn-0 request, and the fallback observation for turn rows logged without an `observation`
+    (before turns schema v2 the observation o_i reached the log only inside turn i's request)."""
     try:
         payload = json.loads(message)
     except (json.JSONDecodeError, TypeError):
@@ -131,9 +131,16 @@ def _field(turn: Any, name: str, default: Any = None) -> Any:
 def interactions_from_turns(turns: Sequence[Any], current_observation: str | None = None) -> list[Interaction]:
     """⟨u_i, o_{i+1}⟩ for the turns before t, from TurnRecords or turns-table rows.
 
-    u_i is turn i's response. o_{i+1} is the turn's own `observation` when the log carries one;
-    otherwise it is read from turn i+1's request, and for the latest turn taken from
-    `current_observation` (at routing time: EpisodeState.observation).
+    u_i is turn i's response. o_{i+1} is turn i's logged `observation` (turns schema v2): what
+    env.observe returned after the reply, the text EpisodeState.observation holds at routing time,
+    so training and routing see the same h_t (eq. 2). A logged string is authoritative, "" included:
+    - "" means the environment said nothing. In QA that is the truth (turn i+1's request repeats
+      the task with a summary of earlier replies: no observation), as after a failed call.
+    - Version-1 tables read through routerops.schema carry "" (never logged). Parsing the next
+      request instead would put ScienceWorld's whole templated prompt (task, earlier steps, score)
+      where o_{i+1} belongs: a history the router never sees at routing time.
+    Only turns without the field (None, NaN, rows built without the column) fall back to the last
+    user message of turn i+1's request, and the latest such turn to `current_observation`.
     """
     pairs = []
     for i, turn in enumerate(turns):
@@ -157,31 +164,30 @@ class SentenceTextEncoder:
     The tokenizer loads at once (truncation counts tokens); the model only on the first cache miss.
     """
 
-    def __init__(self, model_path: str = "", max_tokens: int = 8192, device: str = "cpu", bf16: bool = True):
+    def __init__(self, model_path: str = "", max_tokens: int = 8192, device: str = "cpu", bf16: bool = True,
+                 backend: str = "torch"):
         from transformers import AutoConfig, AutoTokenizer
 
         from models.embeddings import SentenceEncoder, bundled_minilm_path
 
-        # No disk cache in SentenceEncoder: its key ignores the sequence length we raise below, so a
-        # text embedded elsewhere at 256 tokens could be served for a 512-token request.
-        self._sentence = SentenceEncoder(model_path or None, use_cache=False, device=device)
         path = str(model_path or bundled_minilm_path())
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         limit = int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 512))
         self.max_tokens = min(int(max_tokens), limit)
-        self.bf16 = bf16 and device == "cpu" and cpu_has_native_bf16()
+        # No disk cache in SentenceEncoder: its key ignores the sequence length we raise here, so a
+        # text embedded elsewhere at 256 tokens could be served for a 512-token request.
+        self._sentence = SentenceEncoder(model_path or None, use_cache=False, device=device, backend=backend,
+                                         max_seq_length=self.max_tokens)
+        # bf16 autocast applies to the fp32 torch backend only (int8 / ONNX graphs ignore it).
+        self.bf16 = bf16 and backend == "torch" and device == "cpu" and cpu_has_native_bf16()
+        # The backend is in the model id (SentenceEncoder), so embedding caches never mix backends.
         self.encoder_id = f"{self._sentence.model_id}|max_seq={self.max_tokens}" + ("|bf16" if self.bf16 else "")
         self._dim: int | None = None
-
-    def _model(self):
-        model = self._sentence._load_model()
-        model.max_seq_length = self.max_tokens
-        return model
 
     @property
     def dim(self) -> int:
         if self._dim is None:
-            self._dim = int(self._model().get_sentence_embedding_dimension())
+            self._dim = int(self._sentence.dim)
         return self._dim
 
     def count_tokens(self, text: str) -> int:
@@ -196,7 +202,6 @@ class SentenceTextEncoder:
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         import torch
 
-        self._model()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
             return np.asarray(self._sentence.encode(list(texts)), dtype=np.float32)
 
@@ -270,7 +275,8 @@ class ConcatTextEncoder:
 def build_text_encoder(cfg: MTRouterConfig, device: str = "cpu") -> TextEncoder:
     if cfg.encoder_kind == "hashing":
         return HashingTextEncoder(cfg.hashing_dim, cfg.max_history_tokens)
-    sentence = SentenceTextEncoder(cfg.encoder_path, cfg.max_history_tokens, device, cfg.encoder_bf16)
+    backend = cfg.encoder_backend if device == "cpu" else "torch"  # ONNX / int8 graphs are CPU-only
+    sentence = SentenceTextEncoder(cfg.encoder_path, cfg.max_history_tokens, device, cfg.encoder_bf16, backend)
     if cfg.encoder_kind == "sentence":
         return sentence
     return ConcatTextEncoder(sentence, HashingTextEncoder(cfg.hashing_dim, sentence.max_tokens))

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -135,13 +136,9 @@ def save_router(router: "MTRouter", directory: str | Path) -> Path:
 
 
 def read_meta(directory: str | Path) -> dict[str, Any]:
-    path = Path(directory) / META_FILE
-    if not path.is_file():
-        raise InputError(path, "<file>", "not a saved MTRouter (mtrouter.json missing)")
-    meta = json.loads(path.read_text())
-    if meta.get("format") != ROUTER_FORMAT:
-        raise InputError(path, "format", f"unsupported MTRouter format {meta.get('format')!r}")
-    return meta
+    from models.serving import read_format_meta
+
+    return read_format_meta(Path(directory) / META_FILE, ROUTER_FORMAT, "saved MTRouter")
 
 
 def _pool(raw: dict) -> Pool:
@@ -192,8 +189,13 @@ def load_router(directory: str | Path, history_encoder=None) -> "MTRouter":
 
     directory = Path(directory)
     meta = read_meta(directory)
-    cfg = MTRouterConfig.from_dict(meta["config"], str(directory / META_FILE))
+    # Routers saved before encoder backends existed embedded with plain torch.
+    cfg = MTRouterConfig.from_dict({"encoder_backend": "torch", **meta["config"]}, str(directory / META_FILE))
     encoder = history_encoder or build_history_encoder(cfg.replace(disk_cache=False))
+    if encoder.text_encoder.encoder_id != meta.get("encoder_id", encoder.text_encoder.encoder_id):
+        # e.g. bf16 autocast on one CPU and not on another: close vectors, not identical scores.
+        warnings.warn(f"{directory}: trained with history encoder {meta['encoder_id']}, serving with "
+                      f"{encoder.text_encoder.encoder_id}; scores may differ slightly", stacklevel=2)
     router = MTRouter(_pool(meta["pool"]), _book(meta["price_book"]), cfg, encoder)
     with np.load(directory / ARRAYS_FILE) as npz:
         arrays = {k: npz[k] for k in npz.files}

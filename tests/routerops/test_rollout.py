@@ -6,7 +6,6 @@ import dataclasses
 import datetime as dt
 import json
 import math
-from pathlib import Path
 
 import pytest
 

@@ -106,3 +106,12 @@ def test_bad_input_names_the_field(fitted, bad, field):
     with pytest.raises(InputError) as err:
         ServedMTRouter(fitted()).predict(bad)
     assert err.value.field == field, str(err.value)
+
+
+def test_a_router_saved_before_encoder_backends_loads_with_torch(fitted, tmp_path):
+    """Old saves have no `encoder_backend`: they were embedded with plain torch, not the new default."""
+    path = fitted().save(tmp_path / "router")
+    meta = json.loads((path / "mtrouter.json").read_text())
+    meta["config"].pop("encoder_backend")
+    (path / "mtrouter.json").write_text(json.dumps(meta))
+    assert MTRouter.load(path).cfg.encoder_backend == "torch"
