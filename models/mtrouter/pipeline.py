@@ -142,25 +142,39 @@ def first_turn_prediction(router, task, worker: str) -> float:
 
 def ablation_metrics(run: MTRouterRun, name: str, episodes: pd.DataFrame, turns: pd.DataFrame,
                      tasks_by_id: dict) -> dict:
-    """Train one ablation on the train episodes and measure it offline on the validation episodes:
-    how well its first-turn predicted outcome ranks their final scores (Spearman), and its error."""
-    from scipy.stats import spearmanr
+    """Train one ablation on the train episodes and measure it offline on the validation episodes.
 
+    val_mae: error of its first-turn prediction ŝ(h_0, a_0) against the target it was trained for,
+    S̃_0 under its own settings (with or without the error penalty), so ablations that learn different
+    targets are each judged on their own. val_spearman: how well those predictions rank the episodes'
+    final scores — the quantity routing acts on, comparable across ablations.
+    """
     prompts = {k: t.prompt for k, t in tasks_by_id.items()}
     router = fit_router(run, ablation_config(name, estimator_config(run)), episodes[episodes.split == "train"],
                         turns, prompts)
-    val = episodes[episodes.split == "val"]
-    first = turns[turns.turn_index == 0].set_index("episode_id")
-    pairs = [(first_turn_prediction(router, tasks_by_id[e.task_id], first.loc[e.episode_id, "worker"]), e.score)
-             for e in val.itertuples() if e.episode_id in first.index]
-    metrics = {"val_episodes": float(len(pairs))}
+    return offline_metrics(router, episodes[episodes.split == "val"], turns, tasks_by_id)
+
+
+def offline_metrics(router, val: pd.DataFrame, turns: pd.DataFrame, tasks_by_id: dict) -> dict:
+    """val_mae against each row's own S̃_0 and val_spearman against S_final (see ablation_metrics)."""
+    from scipy.stats import spearmanr
+
+    from models.mtrouter.targets import turn_targets
+
+    val_turns = turns[turns.episode_id.isin(set(val.episode_id))]
+    own_target = turn_targets(val, val_turns, router.cfg, router.lengths)
+    first = val_turns[val_turns.turn_index == 0]
+    by_id = val.set_index("episode_id")
+    rows = [(first_turn_prediction(router, tasks_by_id[by_id.loc[t.episode_id, "task_id"]], t.worker),
+             own_target.loc[i], by_id.loc[t.episode_id, "score"]) for i, t in zip(first.index, first.itertuples())]
+    metrics = {"val_episodes": float(len(rows))}
     reports = getattr(router.estimator, "reports", [])
     if reports and reports[0].val_loss:
         metrics["best_val_loss"] = float(min(reports[0].val_loss))
-    if len(pairs) >= 2:
-        pred, actual = np.array(pairs, dtype=float).T
-        metrics["val_mae"] = float(np.mean(np.abs(pred - actual)))
-        metrics["val_spearman"] = float(np.nan_to_num(spearmanr(pred, actual).statistic))
+    if len(rows) >= 2:
+        pred, target, final = np.array(rows, dtype=float).T
+        metrics["val_mae"] = float(np.mean(np.abs(pred - target)))
+        metrics["val_spearman"] = float(np.nan_to_num(spearmanr(pred, final).statistic))
     return metrics
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -46,3 +47,32 @@ def test_embedded_run_passes_its_checks_and_unknown_keys_fail(tmp_path, monkeypa
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(InputError, match="mtrouter.turn_limt"):
         load_run(tmp_path / "params.yaml")
+
+
+def test_offline_ablation_metrics_judge_each_estimator_on_its_own_target(pool, book, tiny_cfg, tables):
+    """The error-penalty ablation learns S_final, the full model S̃_0 = S_final − Σρ: each one's MAE
+    is against its own target, so neither looks better just for predicting on another scale."""
+    from models.mtrouter.pipeline import first_turn_prediction, offline_metrics
+    from models.mtrouter.router import MTRouter
+    from models.mtrouter.targets import turn_targets
+    from routerops.types import Task
+
+    episodes, turns, prompts = tables
+    train, val = episodes[episodes.split == "train"], episodes[episodes.split == "val"]
+    val_turns = turns[turns.episode_id.isin(set(val.episode_id))]
+    first = val_turns[val_turns.turn_index == 0]
+    task_of = val.set_index("episode_id").task_id
+    tasks = {k: Task(k, "synthetic", "val", text, "") for k, text in prompts.items()}
+    targets = {}
+    for penalty in (True, False):
+        cfg = tiny_cfg.replace(error_penalty=penalty, score_range=10.0)
+        router = MTRouter(pool, book, cfg).fit(train, turns, prompts)
+        metrics = offline_metrics(router, val, turns, tasks)
+        targets[penalty] = turn_targets(val, val_turns, cfg, router.lengths).loc[first.index].to_numpy()
+        pred = np.array([first_turn_prediction(router, tasks[task_of[e]], w)
+                         for e, w in zip(first.episode_id, first.worker)])
+        assert metrics["val_episodes"] == len(val)
+        assert metrics["val_mae"] == pytest.approx(float(np.abs(targets[penalty] - pred).mean()))
+        assert -1.0 <= metrics["val_spearman"] <= 1.0
+    # The two targets really differ (the cheap worker's turns carry errors), so the metric must pick.
+    assert (targets[True] < targets[False]).any()
