@@ -11,8 +11,8 @@ candidates are scored in one batch. `MTRouterPolicy` plugs the router into the r
 
 from __future__ import annotations
 
-from pathlib import Path
 import warnings
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
