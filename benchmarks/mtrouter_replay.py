@@ -99,7 +99,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def load_data(args: argparse.Namespace):
     """(RoutingData priced under the book, table label, whether RouteLLM's published APGR applies)."""
-    from routerops.envs.replay import load_logged_outcomes, to_routing_data
+    from models.replay_bench import to_routing_data
+    from routerops.envs.replay import load_logged_outcomes
     from routerops.pricing import load_price_book
 
     if args.table is None:

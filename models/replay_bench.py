@@ -25,6 +25,8 @@ from sklearn.model_selection import KFold
 
 from models.base import Router, RoutingData
 from routerops import metrics
+from routerops.envs.replay import validate_logged_outcomes, worker_order
+from routerops.errors import InputError, RouteropsError
 from routerops.metrics import curve_aiq
 from routerops.pricing import PriceBook, load_price_book
 
@@ -242,11 +244,43 @@ def evaluate_router(name: str, factory: RouterFactory, data: RoutingData, k: int
 # ---------------------------------------------------------------- the benchmark
 
 
+def to_routing_data(frame: pd.DataFrame, price_book: PriceBook,
+                    embed: Callable[[list[str]], np.ndarray] | None = None) -> RoutingData:
+    """n queries × w workers: logged scores, USD costs derived from tokens under `price_book`
+    (PriceBook.cost of each row's tokens), responses when logged, embeddings when `embed` is given."""
+    frame = validate_logged_outcomes(frame)
+    workers = worker_order(frame)
+    unpriced = [w for w in workers if w not in price_book.prices]
+    if unpriced:
+        raise InputError(f"price book {price_book.version}", f"prices.{unpriced[0]}",
+                         "no price for a worker of the logged outcomes")
+    costs = [price_book.cost(w, p, c) for w, p, c in
+             zip(frame["worker"], frame["prompt_tokens"], frame["completion_tokens"])]
+    frame = frame.assign(cost_usd=costs)
+    query_ids = list(dict.fromkeys(frame["query_id"]))
+    values = ["score", "cost_usd"] + (["response"] if "response" in frame.columns else [])
+    wide = frame.pivot(index="query_id", columns="worker", values=values).reindex(index=query_ids)
+    queries = frame.drop_duplicates("query_id").set_index("query_id")["query"].reindex(query_ids).tolist()
+    responses = None
+    if "response" in frame.columns:
+        responses = wide["response"][workers].astype(str).values.tolist()
+    embeddings = None
+    if embed is not None:
+        embeddings = np.asarray(embed(queries), dtype=np.float32)
+        if embeddings.ndim != 2 or embeddings.shape[0] != len(queries):
+            raise RouteropsError(f"embed returned shape {embeddings.shape}, expected ({len(queries)}, d)")
+    return RoutingData(
+        query_ids=query_ids, queries=queries, workers=workers,
+        scores=wide["score"][workers].to_numpy(dtype=float), costs=wide["cost_usd"][workers].to_numpy(dtype=float),
+        embeddings=embeddings, responses=responses,
+    )
+
+
 def routing_data_from_table(table: str | Path | pd.DataFrame, price_book: PriceBook | str | Path,
                             encoder=None) -> RoutingData:
     """Logged outcomes (a long table or its path) → RoutingData priced under `price_book`, with cached
     query embeddings and, when the table has a `response` column, the responses (for cascades)."""
-    from routerops.envs.replay import load_logged_outcomes, to_routing_data
+    from routerops.envs.replay import load_logged_outcomes
 
     df = load_logged_outcomes(table) if isinstance(table, (str, Path)) else table
     book = price_book if isinstance(price_book, PriceBook) else load_price_book(price_book)

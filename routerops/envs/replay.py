@@ -4,7 +4,7 @@ no live call — the way RouteLLM, RouterBench and LLMRouterBench publish their 
 Format (docs/replay_format.md): one row per (query, worker) with columns `dataset`, `query_id`,
 `query`, `worker`, `score` in [0, 1], `prompt_tokens` and `completion_tokens` (integers ≥ 0), and
 optionally `response` and `split`; every query has a row for every worker. Costs are never stored:
-they are derived from the tokens under a price book (`to_routing_data`), so a new price book
+they are derived from the tokens under a price book (models.replay_bench.to_routing_data), so a new price book
 re-prices the table without a single call.
 
 `ReplayWorker` and `ReplayEnvironment` let the rollout engine run policies on such a table: a
@@ -18,18 +18,15 @@ import functools
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
 from routerops.envs.qa import extract_answer
 from routerops.errors import InputError, RouteropsError
-from routerops.pricing import PriceBook, WorkerSpec
+from routerops.pricing import WorkerSpec
 from routerops.types import EpisodeState, Observation, Payload, Task, WorkerResult
-
-if TYPE_CHECKING:  # routers' data type; imported where it is built, so routerops does not import models
-    from models.base import RoutingData
 
 TEXT_COLUMNS = ("dataset", "query_id", "query", "worker")
 TOKEN_COLUMNS = ("prompt_tokens", "completion_tokens")
@@ -179,43 +176,6 @@ def write_logged_outcomes(frame: pd.DataFrame, path: str | Path) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
-
-
-# ---------------------------------------------------------------- the wide view routers use
-
-
-def to_routing_data(frame: pd.DataFrame, price_book: PriceBook,
-                    embed: Callable[[list[str]], np.ndarray] | None = None) -> RoutingData:
-    """n queries × w workers: logged scores, USD costs derived from tokens under `price_book`
-    (PriceBook.cost of each row's tokens), responses when logged, embeddings when `embed` is given."""
-    from models.base import RoutingData
-
-    frame = validate_logged_outcomes(frame)
-    workers = worker_order(frame)
-    unpriced = [w for w in workers if w not in price_book.prices]
-    if unpriced:
-        raise InputError(f"price book {price_book.version}", f"prices.{unpriced[0]}",
-                         "no price for a worker of the logged outcomes")
-    costs = [price_book.cost(w, p, c) for w, p, c in
-             zip(frame["worker"], frame["prompt_tokens"], frame["completion_tokens"])]
-    frame = frame.assign(cost_usd=costs)
-    query_ids = list(dict.fromkeys(frame["query_id"]))
-    values = ["score", "cost_usd"] + (["response"] if "response" in frame.columns else [])
-    wide = frame.pivot(index="query_id", columns="worker", values=values).reindex(index=query_ids)
-    queries = frame.drop_duplicates("query_id").set_index("query_id")["query"].reindex(query_ids).tolist()
-    responses = None
-    if "response" in frame.columns:
-        responses = wide["response"][workers].astype(str).values.tolist()
-    embeddings = None
-    if embed is not None:
-        embeddings = np.asarray(embed(queries), dtype=np.float32)
-        if embeddings.ndim != 2 or embeddings.shape[0] != len(queries):
-            raise RouteropsError(f"embed returned shape {embeddings.shape}, expected ({len(queries)}, d)")
-    return RoutingData(
-        query_ids=query_ids, queries=queries, workers=workers,
-        scores=wide["score"][workers].to_numpy(dtype=float), costs=wide["cost_usd"][workers].to_numpy(dtype=float),
-        embeddings=embeddings, responses=responses,
-    )
 
 
 # ---------------------------------------------------------------- RouteLLM's GSM8K table

@@ -129,7 +129,8 @@ shared = pytest.mark.skipif(not ROUTELLM.is_dir(), reason="../shared/data/routel
 
 @pytest.fixture(scope="module")
 def routellm() -> RoutingData:
-    from routerops.envs.replay import import_routellm_gsm8k, to_routing_data
+    from models.replay_bench import to_routing_data
+    from routerops.envs.replay import import_routellm_gsm8k
     from routerops.pricing import load_price_book
 
     df = import_routellm_gsm8k(ROUTELLM / "gsm8k_responses.csv", ROUTELLM / "gsm8k_contaminated_prompts.jsonl")

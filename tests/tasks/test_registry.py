@@ -24,7 +24,7 @@ from models.base import RoutingData
 from models.baselines import KNNRouter, LogisticRouter, QueryFeaturizer
 from models.serving import ServedRouter, choose_within_budget, load_bundle
 from routerops.config import TrackConfig
-from routerops.envs.replay import to_routing_data
+from models.replay_bench import to_routing_data
 from routerops.pricing import Price, PriceBook
 from routerops.promotion import GateConfig
 

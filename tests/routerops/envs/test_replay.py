@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from models.replay_bench import to_routing_data  # the wide view routers use lives with them
 from routerops.envs.jsonl_qa import import_jsonl_qa
 from routerops.envs.replay import (
     ReplayEnvironment,
@@ -18,7 +19,6 @@ from routerops.envs.replay import (
     replay_tasks,
     replay_workers,
     smollm2_token_counter,
-    to_routing_data,
     validate_logged_outcomes,
     write_logged_outcomes,
 )
