@@ -42,6 +42,9 @@ class MTRouterRun:
     concurrency: int = 2
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # estimator seeds for mean ± std
     ablations: list[str] = field(default_factory=lambda: list(ABLATIONS))
+    # Also roll every ablation out on ID test and OOD (seeds[0]) and add it to the evaluation table,
+    # as Table 4 reports ablations by score; off by default at small scale, where scores are flat.
+    ablation_rollouts: bool = False
     cost_weight: float = 0.0  # λ of the cost-aware variant: score − λ·predicted cost
     # Episode-level baselines (§4.1 "single-turn routers"): routers of models.baselines trained on the
     # single-model episodes' task × model grid; one decision at turn 0, kept for the episode.
@@ -190,10 +193,18 @@ def episode_level_baselines(run: MTRouterRun, episodes: pd.DataFrame, prompts: d
                                   cost_weight=run.cost_weight)
 
 
+def ablated_policies(run: MTRouterRun, episodes: pd.DataFrame, turns: pd.DataFrame, prompts: dict) -> list:
+    """`mtrouter:<ablation>` policies (seeds[0]), trained on the same train / val episodes as MTRouter."""
+    base = estimator_config(run, run.seeds[0]).replace(cost_weight=run.cost_weight)
+    return [fit_router(run, ablation_config(name, base), episodes, turns, prompts)
+            .policy(name=f"mtrouter:{name}", version=f"seed{run.seeds[0]}")
+            for name in run.ablations if name != "full"]
+
+
 def evaluate(run: MTRouterRun, episodes: pd.DataFrame, turns: pd.DataFrame, tasks: list) -> pd.DataFrame:
     """MTRouter (one per estimator seed) against the single-model, random and episode-level router
     baselines on ID test and OOD (§4.1): mean ± std over seeds of score, success, USD per episode,
-    turns and switches."""
+    turns and switches; with `ablation_rollouts`, each ablation too (Table 4)."""
     from routerops.metrics import count_switches
 
     prompts = {t.task_id: t.prompt for t in tasks}
@@ -201,6 +212,9 @@ def evaluate(run: MTRouterRun, episodes: pd.DataFrame, turns: pd.DataFrame, task
     # The baselines do not depend on the estimator's seed: roll them out once.
     baselines = behaviour_policies(llm_pool(run), seed=run.seeds[0]) + episode_level_baselines(run, episodes, prompts)
     frames = [rollouts(run, held_out, baselines, OUT / "eval-baselines", seed=run.seeds[0])]
+    if run.ablation_rollouts:
+        frames.append(rollouts(run, held_out, ablated_policies(run, episodes, turns, prompts), OUT / "eval-ablations",
+                               seed=run.seeds[0]))
     for seed in run.seeds:
         router = fit_router(run, estimator_config(run, seed).replace(cost_weight=run.cost_weight), episodes, turns, prompts)
         router.save(ROUTERS / f"seed{seed}")  # the register step logs exactly the router evaluated here

@@ -26,7 +26,7 @@ MTROUTER = {
     "id_types": ["find-plant"], "ood_types": ["find-non-living-thing"], "max_variations": 3,
     "budget_usd": 0.05, "turn_limit": 2, "concurrency": 2, "seeds": [0], "ablations": ["full", "ridge"],
     "estimator": {"encoder_kind": "hashing", "hashing_dim": 512, "disk_cache": False, "max_epochs": 20},
-    "gate_n_boot": 500, "episode_routers": ["logistic"],
+    "gate_n_boot": 500, "episode_routers": ["logistic"], "ablation_rollouts": True,
 }
 
 
@@ -68,7 +68,7 @@ def test_mtrouter_flow_end_to_end(workdir):
     evaluation = pd.read_csv(report / "evaluation.csv")
     assert {"test", "ood"} <= set(evaluation.split) and "mtrouter" in set(evaluation.policy)
     assert {"random_multi_turn", "single/smol-direct/answer", "single/smol-cot/answer",
-            "episode/logistic"} <= set(evaluation.policy)
+            "episode/logistic", "mtrouter:ridge"} <= set(evaluation.policy)
     assert (report / "analyses/cost_vs_switches.png").stat().st_size > 1000
 
     turns = pd.read_parquet(workdir / "data/mtrouter/eval/turns.parquet")
