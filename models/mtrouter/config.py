@@ -38,9 +38,11 @@ class MTRouterConfig:
     # "torch-int8" (dynamic int8 Linear layers), "onnx" (ONNX Runtime, fused fp32 graph), "onnx-int8"
     # (the ONNX graph with int8 weights per output channel). Part of encoder_id, so caches never mix.
     # Default "onnx-int8": the only one near the issue-4 target (512-token history, p99 ≤ 60 ms on
-    # this 2-core EPYC). CPU ms per embedding at 1 thread, and cosine to torch fp32 on 200 GSM8K
-    # questions (mean / min): torch fp32 171, torch bf16 118 (0.99999 / 0.99997), onnx 156 (1.0),
-    # onnx-int8 88 (0.9937 / 0.982), torch-int8 87 (0.982 / 0.968). Extension, paper silent.
+    # this 2-core EPYC; benchmarks/mtrouter_latency.py: p99 55 ms idle). CPU ms per embedding at 1
+    # thread, measured while choosing: torch fp32 171, torch bf16 118, onnx 156, onnx-int8 88,
+    # torch-int8 87. Cosine to torch fp32 on 200 GSM8K questions, mean / min
+    # (benchmarks/encoder_fidelity.py): onnx 1.0 / 1.0, onnx-int8 0.994 / 0.987, torch-int8
+    # 0.984 / 0.948. Extension, paper silent.
     encoder_backend: str = "onnx-int8"
     # Width of the hashed n-gram vectors (encoder kinds with "hashing").
     hashing_dim: int = 4096

@@ -1,0 +1,46 @@
+"""How close each history-encoder backend's vectors are to the fp32 torch ones (cosine), on the first
+200 GSM8K test questions (needs ../shared/data, or --data). Writes benchmarks/results/encoder_fidelity.json.
+
+    python benchmarks/encoder_fidelity.py [--data ../shared/data] [--n 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere
+
+from models.embeddings import ENCODER_BACKENDS, SentenceEncoder  # noqa: E402
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--n", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "encoder_fidelity.json")
+    args = parser.parse_args(argv)
+    lines = (args.data / "gsm8k" / "test.jsonl").read_text().splitlines()[: args.n]
+    texts = [json.loads(line)["question"] for line in lines]
+    reference = SentenceEncoder(use_cache=False, backend="torch").encode(texts)
+    result = {"benchmark": "encoder_fidelity", "texts": len(texts), "reference": "torch fp32", "backends": {}}
+    for backend in ENCODER_BACKENDS[1:]:
+        cos = cosines(reference, SentenceEncoder(use_cache=False, backend=backend).encode(texts))
+        result["backends"][backend] = {"cosine_mean": round(float(cos.mean()), 5), "cosine_min": round(float(cos.min()), 5)}
+        print(f"{backend:12s} cosine to torch fp32: mean {cos.mean():.4f}  min {cos.min():.4f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
