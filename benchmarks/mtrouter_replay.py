@@ -1,6 +1,6 @@
 """MTRouter's estimator router on a logged-outcome table, cross-fitted (default: RouteLLM's GSM8K).
 
-Cross-fitted with models.replay_bench (k folds; each fold scored by a router fitted on the
+Cross-fitted with evaluation.replay (k folds; each fold scored by a router fitted on the
 others; every hyper-parameter choice inside a fit uses that fit's training folds only), once per
 seed. Any table in docs/replay_format.md works (`--table`, priced by `--prices`):
 
@@ -99,7 +99,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def load_data(args: argparse.Namespace):
     """(RoutingData priced under the book, table label, whether RouteLLM's published APGR applies)."""
-    from models.replay_bench import to_routing_data
+    from evaluation.replay import to_routing_data
     from routerops.envs.replay import load_logged_outcomes
     from routerops.pricing import load_price_book
 
@@ -121,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from models.baselines import make_router
+    from models.registry import make_router
     from models.mtrouter.history import build_history_encoder
     from models.mtrouter.router import MTRouterRouter
-    from models.replay_bench import evaluate_router
+    from evaluation.replay import evaluate_router
     from routerops.metrics import best_single
 
     torch.set_num_threads(1)

@@ -1,51 +1,46 @@
-"""MTRouter flow (paper 000): collect → train estimator and ablations → evaluate → analyses → register.
+"""MTRouter flow (paper 000): collect → ablations → evaluate → analyses → register → track.
 
 `python -m flows.mtrouter` runs it at small scale on ScienceWorld with the embedded pool
 (params.yaml, section `mtrouter`); point `mtrouter.pool` at a vLLM / API pool for the paper scale.
+The same stages are in pipelines/mtrouter/dvc.yaml.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from prefect import flow
 
-from models.mtrouter import pipeline as mt
-from tasks.mtrouter import ablation_task, analyses_task, collect_task, evaluate_task, register_task
+from routerops.layout import Layout
+from stages.mtrouter import check_run, load_run, resolved
+from tasks.stages import (
+    mt_ablations_task, mt_analyses_task, mt_collect_task, mt_evaluate_task, mt_register_task, mt_track_task,
+)
 
 
 @flow(name="mtrouter", log_prints=True)
-def mtrouter_flow(params_file: str = "params.yaml") -> dict:
-    import mlflow
-
-    from routerops.config import load_params
-    from routerops.report import to_markdown
-    from tasks.tracking import git_commit, use_tracking
-
-    run = mt.load_run(params_file)
-    mt.check_run(run)
-    use_tracking(load_params(params_file).track)
-    with mlflow.start_run(run_name="mtrouter") as parent:
-        mlflow.set_tag("git_commit", git_commit())
-    episodes, turns, tasks = collect_task(run)
-    rows = [ablation_task(run, name, episodes, turns, tasks, parent.info.run_id) for name in run.ablations]
-    comparison = __import__("pandas").DataFrame(rows)
-    mt.REPORT.mkdir(parents=True, exist_ok=True)
-    (mt.REPORT / "ablations.md").write_text(to_markdown(comparison) + "\n")
-    evaluation = evaluate_task(run, episodes, turns, tasks, parent.info.run_id)
-    analyses_task(parent.info.run_id)
-    registered = register_task(run, tasks, parent.info.run_id)
-    with mlflow.start_run(run_id=parent.info.run_id):
-        mlflow.log_artifact(str(mt.REPORT / "ablations.md"))
-    print(to_markdown(comparison))
-    print(to_markdown(evaluation))
-    return {"parent_run_id": parent.info.run_id, "registered": registered}
+def mtrouter_flow(params_file: str = "params.yaml", root: str = ".") -> Path:
+    layout = Layout(Path(root))
+    run = load_run(layout.resolve(params_file))
+    check_run(resolved(run, layout))  # fail before any rollout on what would fail later
+    tasks, train = mt_collect_task(run, layout)
+    ablations = mt_ablations_task(run, layout, tasks, train)
+    evaluation = mt_evaluate_task(run, layout, tasks, train)
+    mt_analyses_task(run, layout, evaluation)
+    registry = mt_register_task(run, layout, tasks, train, evaluation)
+    runs = mt_track_task(run, layout, registry)
+    print((layout.mtrouter_reports / "evaluation.md").read_text())
+    print(ablations.read_text())
+    return runs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--params", default="params.yaml")
-    mtrouter_flow(params_file=parser.parse_args().params)
+    parser.add_argument("--root", default=".")
+    args = parser.parse_args()
+    mtrouter_flow(params_file=args.params, root=args.root)
 
 
 if __name__ == "__main__":

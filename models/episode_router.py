@@ -90,8 +90,8 @@ class EpisodeLevelPolicy:
 def episode_level_policies(router_names: Sequence[str], episodes: pd.DataFrame, prompts: Mapping[str, str],
                            score_bounds: tuple[float, float], seed: int = 0,
                            cost_weight: float = 0.0) -> list[EpisodeLevelPolicy]:
-    """One EpisodeLevelPolicy per registry name (models.baselines.make_router), all on one grid."""
-    from models.baselines import make_router
+    """One EpisodeLevelPolicy per registry name (models.registry.make_router), all on one grid."""
+    from models.registry import make_router
 
     grid = episode_grid(episodes, prompts, score_bounds)
     return [EpisodeLevelPolicy(make_router(name, seed), grid, name=f"episode/{name}", cost_weight=cost_weight)

@@ -55,24 +55,38 @@ class EvaluateConfig:
 
 @dataclass(frozen=True)
 class RoutersConfig:
-    """Cross-fitted benchmark of the routers on the collected (task × worker) grid."""
+    """Leaderboard of the routers on the collected (task × worker) grid: fit on train, scored on each
+    evaluation split apart."""
 
     routers: list[str] = field(default_factory=lambda: ["random", "oracle", "cascade", "knn", "logistic", "mf", "mlp"])
-    k: int = 5  # cross-fitting folds: no router scores a query it trained on
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     bootstrap: int = 200  # resamples for the 95% intervals of AIQ / APGR
 
 
 @dataclass(frozen=True)
 class RegisterConfig:
-    """Fit the best learned router, register it in MLflow and run the promotion gate."""
+    """Choose a learned family on train, fit it on train, register it in MLflow, gate it on val."""
 
     candidates: list[str] = field(default_factory=lambda: ["knn", "logistic", "mf", "mlp"])  # eligible families
-    objective: str = "aiq"  # gate objective: "aiq" or "accuracy_at_budget"
+    k: int = 5  # folds of the cross-fit on the train split that chooses the family
+    objective: str = "aiq"  # gate objective on the val split: "aiq" or "accuracy_at_budget"
     budget_usd: float | None = None  # for accuracy_at_budget: the per-query budget
-    test_fraction: float = 0.3  # held-out share of the grid the gate judges on
     n_boot: int = 2000
     seed: int = 0
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Routers on real model outcomes: RouteLLM's GSM8K table, bundled under datasets/ (no live call)."""
+
+    table: str = "datasets/routellm/gsm8k_responses.csv"  # RouteLLM's logged outcomes (Apache-2.0)
+    contaminated: str = "datasets/routellm/gsm8k_contaminated_prompts.jsonl"  # prompts RouteLLM drops
+    fewshot: str = "datasets/gsm8k/train_first8.jsonl"  # RouteLLM's 8-shot prompt, for token estimates
+    price_book: str = "configs/prices/routellm-2024.yaml"
+    routers: list[str] = field(default_factory=lambda: ["random", "oracle", "knn", "logistic", "mf", "mlp"])
+    k: int = 5  # the table has no split: cross-fitted, so no router scores a query it trained on
+    seeds: list[int] = field(default_factory=lambda: [0])
+    bootstrap: int = 200
 
 
 @dataclass(frozen=True)
@@ -91,8 +105,9 @@ class Params:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     routers: RoutersConfig = field(default_factory=RoutersConfig)
     register: RegisterConfig = field(default_factory=RegisterConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     track: TrackConfig = field(default_factory=TrackConfig)
-    # The MTRouter flow's section; typed and checked by models.mtrouter.pipeline.load_run.
+    # The MTRouter pipeline's section; typed and checked by stages.mtrouter.load_run.
     mtrouter: dict = field(default_factory=dict)
 
 

@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -157,3 +158,24 @@ def file_sha256(path: str | Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def read_format_meta(path: Path, expected_format: str, what: str) -> dict[str, Any]:
+    """A saved model's JSON metadata, refusing a missing file or another format version."""
+    if not path.is_file():
+        raise InputError(path, "<file>", f"not a {what} ({path.name} missing)")
+    meta = json.loads(path.read_text())
+    if meta.get("format") != expected_format:
+        raise InputError(path, "format", f"unsupported {what} format {meta.get('format')!r}")
+    return meta
+
+
+def write_json_atomic(obj: Any, path: str | Path) -> Path:
+    """JSON written to a temp file beside `path`, then renamed: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(obj, fh, indent=2, sort_keys=True, default=str)
+    os.replace(tmp, path)
+    return path

@@ -1,60 +1,31 @@
-"""Prefect tasks: thin adapters around routerops.stages (the same functions DVC's stages call)."""
+"""Prefect tasks: one-line adapters around the stage functions (stages/), the same ones DVC runs.
+
+Each task takes the config, the Layout and the upstream stage's real outputs, and returns its own,
+so a flow that passes them along shows the data lineage in the Prefect UI.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import task
 
-from routerops import stages
-from routerops.config import Params
+from stages import mtrouter, pipeline, replay, routers, track
 
-
-@task(name="materialise-suites")
-def materialise_task(params: Params) -> Path:
-    return stages.materialise(params)
-
-
+materialise_task = task(pipeline.materialise, name="materialise-suites")
 # Collection talks to live endpoints; the engine retries single calls, and a rerun of the task
 # resumes from its journal, so retrying the whole task is safe and never duplicates an episode.
-@task(name="collect-trajectories", retries=2, retry_delay_seconds=5)
-def collect_task(params: Params, tasks_file: Path) -> tuple[Path, Path]:
-    return stages.collect(params)
+collect_task = task(pipeline.collect, name="collect-trajectories", retries=2, retry_delay_seconds=5)
+reprice_task = task(pipeline.reprice, name="reprice-trajectories")
+validate_task = task(pipeline.validate, name="validate-trajectories")
+evaluate_task = task(pipeline.evaluate, name="evaluate-policies")
+grid_task = task(routers.grid, name="build-outcome-grid")
+routers_task = task(routers.routers, name="benchmark-routers")
+register_task = task(routers.register, name="register-best-router")
+replay_task = task(replay.replay, name="replay-real-outcomes")
+track_task = task(track.track, name="track-in-mlflow")
 
-
-@task(name="reprice-trajectories")
-def reprice_task(params: Params, raw: tuple[Path, Path]) -> tuple[Path, Path]:
-    return stages.reprice(params)
-
-
-@task(name="validate-trajectories")
-def validate_task(params: Params, priced: tuple[Path, Path]) -> Path:
-    return stages.validate(params)
-
-
-@task(name="evaluate-policies")
-def evaluate_task(params: Params, validation: Path) -> dict[str, Path]:
-    return stages.evaluate(params)
-
-
-@task(name="benchmark-routers")
-def routers_task(params: Params, report: dict[str, Path]) -> dict[str, Path]:
-    from models.stages import benchmark_routers
-
-    return benchmark_routers(params)
-
-
-@task(name="register-best-router")
-def register_task(params: Params, router_report: dict[str, Path]) -> dict:
-    from tasks.register_stage import register_best_router
-
-    return register_best_router(params)
-
-
-@task(name="track-in-mlflow")
-def track_task(params: Params, registered: dict) -> dict[str, str]:
-    from tasks.tracking import log_pipeline_runs
-
-    run_ids = log_pipeline_runs(params.track)
-    stages.write_json(run_ids, stages.REPORTS / "mlflow_runs.json")
-    return run_ids
+mt_collect_task = task(mtrouter.collect, name="mtrouter-collect", retries=1, retry_delay_seconds=5)
+mt_ablations_task = task(mtrouter.ablations, name="mtrouter-ablations")
+mt_evaluate_task = task(mtrouter.evaluate, name="mtrouter-evaluate")
+mt_analyses_task = task(mtrouter.analyses_stage, name="mtrouter-analyses")
+mt_register_task = task(mtrouter.register, name="mtrouter-register")
+mt_track_task = task(track.mtrouter_track, name="mtrouter-track")

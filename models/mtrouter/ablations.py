@@ -55,12 +55,12 @@ def run_ablations(fit_and_evaluate: Callable[[str, MTRouterConfig], Mapping[str,
 def replay_ablations(data, k: int = 5, seeds: Sequence[int] = (0,), base: MTRouterConfig | None = None,
                      names: Sequence[str] = SINGLE_TURN_ABLATIONS, history_encoder=None) -> pd.DataFrame:
     """The single-turn ablations on a logged-outcome table (models.base.RoutingData), cross-fitted
-    with models.replay_bench; APGR/CPT on two-worker tables."""
+    with evaluation.replay; APGR/CPT on two-worker tables."""
     import numpy as np
 
     from models.mtrouter.history import build_history_encoder
     from models.mtrouter.router import MTRouterRouter
-    from models.replay_bench import cross_fit, two_worker_metrics
+    from evaluation.replay import cross_fit, two_worker_metrics
 
     def fit_and_evaluate(name: str, cfg: MTRouterConfig) -> dict[str, float]:
         encoder = history_encoder or build_history_encoder(cfg)

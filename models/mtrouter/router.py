@@ -24,6 +24,7 @@ from models.mtrouter.dataset import HistoryFeaturizer, TurnExamples, turn_exampl
 from models.mtrouter.estimator import TrainingSet, build_estimator
 from models.mtrouter.history import HistoryEncoder, Interaction, build_history_encoder, interactions_from_turns
 from models.mtrouter.model_encoder import AttributeTable, attribute_table
+from models.mtrouter.persistence import load_router, save_router
 from models.mtrouter.targets import expected_episode_lengths
 from routerops.errors import InputError
 from routerops.pricing import Pool, PriceBook, derive_costs
@@ -127,19 +128,15 @@ class MTRouter:
     def policy(self, name: str = "mtrouter", version: str = "1") -> "MTRouterPolicy":
         return MTRouterPolicy(self, name, version)
 
-    # ---- persistence (models/mtrouter/serving.py: JSON + torch state_dicts + npz, no pickle)
+    # ---- persistence (models/mtrouter/persistence.py: JSON + torch state_dicts + npz, no pickle)
     def save(self, directory: str | Path) -> Path:
         """Write the fitted router to `directory` (replaced atomically); φ is referenced by the config."""
-        from models.mtrouter.serving import save_router
-
         return save_router(self, directory)
 
     @classmethod
     def load(cls, directory: str | Path, history_encoder: HistoryEncoder | None = None) -> "MTRouter":
         """A router written by `save`; it scores every history exactly as the saved one did."""
-        from models.mtrouter.serving import load_router
-
-        return load_router(directory, history_encoder)
+        return load_router(cls, directory, history_encoder)
 
 
 class MTRouterPolicy:

@@ -4,7 +4,7 @@ no live call — the way RouteLLM, RouterBench and LLMRouterBench publish their 
 Format (docs/replay_format.md): one row per (query, worker) with columns `dataset`, `query_id`,
 `query`, `worker`, `score` in [0, 1], `prompt_tokens` and `completion_tokens` (integers ≥ 0), and
 optionally `response` and `split`; every query has a row for every worker. Costs are never stored:
-they are derived from the tokens under a price book (models.replay_bench.to_routing_data), so a new price book
+they are derived from the tokens under a price book (evaluation.replay.to_routing_data), so a new price book
 re-prices the table without a single call.
 
 `ReplayWorker` and `ReplayEnvironment` let the rollout engine run policies on such a table: a

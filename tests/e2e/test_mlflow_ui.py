@@ -34,6 +34,17 @@ MODEL_METRICS = {"v1": {"aiq": 0.6125, "best_accuracy": 0.6375}, "v2": {"aiq": 0
 WAIT_S = 90  # the SPA loads its bundle and queries the server; a busy 2-core machine is slow
 
 
+
+def log_router(router, train, *, price_book_version, embedding="bundled-minilm", family=None, data_hashes=None,
+               metrics=None, include_code=True, expected_cost_usd=None):
+    """A fitted single-turn router registered through the one Servable path."""
+    from evaluation.registry import register
+    from evaluation.serving import ServedRouter
+
+    served = ServedRouter.from_fitted(router, train, price_book_version, embedding=embedding, family=family,
+                                      expected_cost_usd=expected_cost_usd)
+    return register(served, data_hashes=data_hashes, metrics=metrics, include_code=include_code)
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -59,8 +70,8 @@ def store(tmp_path, monkeypatch):
     import mlflow
 
     from routerops.config import TrackConfig
-    from tasks.registry import log_router, promote_if_better
-    from tasks.tracking import use_tracking
+    from evaluation.registry import promote_on_logged_grid as promote_if_better
+    from evaluation.tracking import use_tracking
 
     db, artifacts = tmp_path / "mlflow.db", tmp_path / "artifacts"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")

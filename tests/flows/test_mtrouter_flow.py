@@ -100,7 +100,7 @@ def test_mtrouter_flow_end_to_end(workdir):
 
     # The registered champion routes a ScienceWorld turn the way the router the flow evaluated does.
     from models.mtrouter.router import MTRouter
-    from models.mtrouter.serving import ServedMTRouter
+    from evaluation.mtrouter_serving import ServedMTRouter
 
     from routerops.envs.suites import read_tasks
 

@@ -9,10 +9,11 @@ import torch
 from models.base import RoutingData
 from models.baselines import (
     Cascade, EnsembleRouter, KNNRouter, LogisticRouter, MatrixFactorizationRouter, MLPRouter, Oracle,
-    PromptedLLMRouter, RandomRouter, SingleWorker, make_router, parse_choice, surface_features,
+    PromptedLLMRouter, RandomRouter, SingleWorker, parse_choice, surface_features,
 )
+from models.registry import make_router
 from models.baselines.synthetic import make_synthetic_table
-from models.replay_bench import cross_fit, knob_grid, operating_points
+from evaluation.replay import cross_fit, knob_grid, operating_points
 
 ONE_CALL_ROUTERS = ["random", "oracle", "knn", "logistic", "logistic_tfidf", "mf", "mlp", "ensemble"]
 
@@ -207,7 +208,7 @@ def test_surface_features_count_quantities():
 
 
 def test_cross_fitted_learned_router_beats_random_on_synthetic(table):
-    from models.replay_bench import curve_aiq, cost_window
+    from evaluation.replay import curve_aiq, cost_window
 
     def aiq_of(name):
         router = make_router(name, seed=0)

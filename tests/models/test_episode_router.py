@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from models.baselines import make_router
+from models.registry import make_router
 from models.episode_router import EpisodeLevelPolicy, episode_grid, episode_level_policies
 from routerops.errors import InputError
 from routerops.types import STOP, Action, EpisodeState, Task, TurnRecord

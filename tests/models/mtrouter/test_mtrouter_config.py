@@ -42,7 +42,7 @@ def test_params_yaml_spells_out_the_papers_numbers(tmp_path):
 
     import yaml
 
-    from models.mtrouter.pipeline import estimator_config, load_run
+    from stages.mtrouter import estimator_config, load_run
 
     repo = Path(__file__).resolve().parents[3]
     run = load_run(repo / "params.yaml")

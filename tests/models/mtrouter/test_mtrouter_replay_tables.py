@@ -13,7 +13,7 @@ import pytest
 from models.base import RoutingData
 from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.router import MTRouterRouter, routing_attributes
-from models.replay_bench import cross_fit
+from evaluation.replay import cross_fit
 from routerops.errors import InputError
 
 
@@ -140,7 +140,7 @@ def test_prediction_in_chunks_equals_one_batch(cfg):
 
 
 def test_the_registry_shares_one_history_encoder_across_folds_and_seeds():
-    from models.baselines import ROUTER_FACTORIES, make_router
+    from models.registry import ROUTER_FACTORIES, make_router
 
     assert "mtrouter" in ROUTER_FACTORIES
     first, second = make_router("mtrouter", 0), make_router("mtrouter", 1)
@@ -166,11 +166,11 @@ def write_csv_table(path, n: int = 30):
 
 
 def test_routerops_replay_runs_mtrouter_from_a_csv_table(tmp_path, monkeypatch):
-    from models.baselines import _shared_history_encoder
-    from routerops.cli import main
+    from models.registry import shared_history_encoder
+    from stages.cli import main
 
     monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
-    _shared_history_encoder.cache_clear()  # its disk cache then lives under this test's tmp_path
+    shared_history_encoder.cache_clear()  # its disk cache then lives under this test's tmp_path
     table = write_csv_table(tmp_path / "toy.csv")
     prices = tmp_path / "prices.yaml"
     prices.write_text("version: toy-1\neffective_date: 2026-01-01\nprices:\n"
@@ -181,7 +181,7 @@ def test_routerops_replay_runs_mtrouter_from_a_csv_table(tmp_path, monkeypatch):
         code = main(["replay", "--table", str(table), "--prices", str(prices), "--routers", "mtrouter", "random",
                      "--k", "3", "--seeds", "0", "--bootstrap", "10", "--out", str(out)])
     finally:
-        _shared_history_encoder.cache_clear()
+        shared_history_encoder.cache_clear()
     assert code == 0
     board = pd.read_csv(out).set_index("router")
     assert set(board.index) == {"mtrouter", "random", *(f"single:{w}" for w in WORKERS)}

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from models.replay_bench import to_routing_data  # the wide view routers use lives with them
+from evaluation.replay import to_routing_data  # the wide view routers use lives with them
 from routerops.envs.jsonl_qa import import_jsonl_qa
 from routerops.envs.replay import (
     ReplayEnvironment,

@@ -22,9 +22,9 @@ import pytest
 
 from models.base import RoutingData
 from models.baselines import KNNRouter, LogisticRouter, QueryFeaturizer
-from models.serving import ServedRouter, choose_within_budget, load_bundle
+from evaluation.serving import ServedRouter, choose_within_budget, load_bundle
 from routerops.config import TrackConfig
-from models.replay_bench import to_routing_data
+from evaluation.replay import to_routing_data
 from routerops.pricing import Price, PriceBook
 from routerops.promotion import GateConfig
 
@@ -37,6 +37,17 @@ BUDGET = 1e-4  # affords cheap and mid, never dear
 COUNTRIES = ["France", "Japan", "Kenya", "Peru", "Canada", "Egypt", "Norway", "Chile", "India", "Spain",
              "Ghana", "Italy", "Brazil", "Mexico", "Greece", "Poland", "Nepal", "Cuba", "Iran", "Fiji"]
 
+
+
+def log_router(router, train, *, price_book_version, embedding="bundled-minilm", family=None, data_hashes=None,
+               metrics=None, include_code=True, expected_cost_usd=None):
+    """A fitted single-turn router registered through the one Servable path."""
+    from evaluation.registry import register
+    from evaluation.serving import ServedRouter
+
+    served = ServedRouter.from_fitted(router, train, price_book_version, embedding=embedding, family=family,
+                                      expected_cost_usd=expected_cost_usd)
+    return register(served, data_hashes=data_hashes, metrics=metrics, include_code=include_code)
 
 def logged_outcomes(n: int, seed: int) -> pd.DataFrame:
     """A long logged-outcome table (docs/replay_format.md) with n queries, half of each kind."""
@@ -77,7 +88,7 @@ def shuffled(data: RoutingData, seed: int = 0) -> RoutingData:
 def tracking(tmp_path, monkeypatch):
     import mlflow
 
-    from tasks.tracking import use_tracking
+    from evaluation.tracking import use_tracking
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -93,7 +104,7 @@ GATE = GateConfig(objective="accuracy_at_budget", budget_usd=BUDGET, n_boot=1000
 def test_gate_promotes_first_then_better_and_refuses_worse(tracking):
     import mlflow
 
-    from tasks.registry import CHAMPION_ALIAS, DECISION_FILE, log_router, promote_if_better
+    from evaluation.registry import CHAMPION_ALIAS, DECISION_FILE, promote_on_logged_grid as promote_if_better
 
     train, test = routing_data(240, seed=1), routing_data(120, seed=2)
     common = dict(price_book_version=BOOK.version, embedding=None, family="surface",
@@ -121,7 +132,7 @@ def test_gate_promotes_first_then_better_and_refuses_worse(tracking):
     assert tags["price_book_version"] == BOOK.version and tags["data.logged_outcomes"] == "abc123"
     assert len(tags["git_commit"]) >= 7 and len(tags["data.train_sha256"]) == 64
     record = mlflow.artifacts.load_dict(f"runs:/{tags['promotion.run_id']}/{DECISION_FILE}")
-    assert record["promote"] is False and record["evidence"]["test_sha256"] == first.evidence["test_sha256"]
+    assert record["promote"] is False and record["evidence"]["gate_sha256"] == first.evidence["gate_sha256"]
     assert {"candidate_score", "champion_score", "ci_low", "ci_high", "n", "objective"} <= set(record)
     gate_runs = mlflow.search_runs(filter_string="tags.`promotion.decision` = 'refused'")
     assert len(gate_runs) == 1 and gate_runs["metrics.ci_low"].iloc[0] <= 0
@@ -130,7 +141,7 @@ def test_gate_promotes_first_then_better_and_refuses_worse(tracking):
 def test_aiq_objective_gate_and_pool_change(tracking):
     import mlflow
 
-    from tasks.registry import CHAMPION_ALIAS, log_router, promote_if_better
+    from evaluation.registry import CHAMPION_ALIAS, promote_on_logged_grid as promote_if_better
 
     train, test = routing_data(200, seed=3), routing_data(100, seed=4)
     common = dict(price_book_version=BOOK.version, embedding=None, family="surface", include_code=False)
@@ -155,7 +166,7 @@ def test_logged_model_signature_bundle_and_budget_rule(tracking, tmp_path):
     import mlflow
     from mlflow.models import Model
 
-    from tasks.registry import log_router, registered_name
+    from evaluation.serving import registered_name
 
     train = routing_data(160, seed=5)
     reg = log_router(surface_router().fit(train), train, price_book_version=BOOK.version, embedding=None,
@@ -188,7 +199,7 @@ def test_budget_rule_cost_never_rises_as_budget_falls():
 
 def test_encoder_is_pickled_as_a_reference(tmp_path):
     from models.embeddings import SentenceEncoder
-    from models.serving import ServingBundle, bundled_minilm_ref, save_bundle
+    from evaluation.serving import ServingBundle, bundled_minilm_ref, save_bundle
 
     encoder = SentenceEncoder(use_cache=False)
     encoder._model = object()  # stands in for loaded weights: must never reach the pickle
@@ -207,7 +218,7 @@ def test_encoder_is_pickled_as_a_reference(tmp_path):
 def test_champion_loads_and_routes_raw_text_in_a_fresh_process(tracking, tmp_path):
     """KNN on real all-MiniLM-L6-v2 embeddings; the served model embeds raw text itself."""
     from models.embeddings import SentenceEncoder
-    from tasks.registry import log_router, promote_if_better
+    from evaluation.registry import promote_on_logged_grid as promote_if_better
 
     encoder = SentenceEncoder(cache_dir=tmp_path / "cache")
     train, test = routing_data(120, seed=7, encoder=encoder), routing_data(60, seed=8, encoder=encoder)
@@ -237,9 +248,9 @@ def test_champion_loads_and_routes_raw_text_in_a_fresh_process(tracking, tmp_pat
 def test_every_servable_baseline_round_trips_through_a_bundle(family, tmp_path):
     """Whatever a baseline holds (closures, torch modules, sklearn models) survives the bundle, and the
     served router predicts exactly what the fitted one did."""
-    from models.baselines import make_router
+    from models.registry import make_router
     from models.baselines.synthetic import make_synthetic_table
-    from models.serving import ServingBundle, expected_costs_from_data, save_bundle
+    from evaluation.serving import ServingBundle, expected_costs_from_data, save_bundle
 
     data = make_synthetic_table(n_queries=80, seed=1)
     router = make_router(family, seed=0)
@@ -252,8 +263,8 @@ def test_every_servable_baseline_round_trips_through_a_bundle(family, tmp_path):
 
 
 def test_unservable_routers_are_refused():
-    from models.baselines import make_router
-    from models.serving import ServingBundle
+    from models.registry import make_router
+    from evaluation.serving import ServingBundle
 
     with pytest.raises(ValueError, match="oracle"):
         ServingBundle(make_router("oracle"), ["a"], {"a": 0.0}, "v", None, "oracle")

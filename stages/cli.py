@@ -1,4 +1,6 @@
-"""Command line: `routerops stage NAME` (what dvc.yaml runs), `routerops reprice`, `routerops validate`.
+"""Command line: `routerops stage NAME` (any stage of any pipeline; what dvc.yaml runs),
+`routerops replay`, `routerops reprice`, `routerops validate`, `routerops import-qa`,
+`routerops import-routellm`.
 
 Errors in user input end with exit code 2 and one line naming the file and the field.
 """
@@ -6,28 +8,36 @@ Errors in user input end with exit code 2 and one line naming the file and the f
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import logging
+import signal
 import sys
 from pathlib import Path
 
+import pandas as pd
+
+from evaluation.replay import run_replay_benchmark, split_table
+from models.baselines import PromptedLLMRouter
 from routerops import schema
+from routerops.envs.jsonl_qa import import_jsonl_qa
+from routerops.envs.replay import import_routellm_gsm8k, load_logged_outcomes, write_logged_outcomes
+from routerops.envs.suites import write_tasks
 from routerops.errors import InputError, RouteropsError
+from routerops.pricing import load_pool, load_price_book
+from routerops.validation import check_column_types, check_trajectory_rows
+from routerops.workers.server import local_llm_server
+from stages import STAGES, run_stage
+from stages.pipeline import reprice_tables
 
-STAGES = ("materialise", "collect", "reprice", "validate", "evaluate")
 
-
-def run_stage(args: argparse.Namespace) -> None:
-    from routerops import stages
-    from routerops.config import load_params
-
-    params = load_params(args.params)
-    getattr(stages, args.name)(params)
+def stage_command(args: argparse.Namespace) -> None:
+    outputs = run_stage(args.name, args.params, args.root)
+    print(json.dumps(outputs, indent=2, default=str))
 
 
 def reprice_command(args: argparse.Namespace) -> None:
     """Re-price a trajectory set under another price book, without any call."""
-    from routerops.pricing import load_price_book
-    from routerops.stages import reprice_tables
-
     book = load_price_book(args.price_book)
     src, dst = Path(args.src), Path(args.out)
     episodes, turns = read_trajectories(src)
@@ -44,8 +54,6 @@ def reprice_command(args: argparse.Namespace) -> None:
 
 def read_trajectories(src: Path):
     """Both tables, with every row's types and token counts checked before anything is computed."""
-    from routerops.validation import check_column_types
-
     paths = {kind: src / f"{kind}.parquet" for kind in ("episodes", "turns")}
     tables = {kind: schema.read_table(path, kind) for kind, path in paths.items()}
     for kind, table in tables.items():
@@ -59,9 +67,6 @@ def read_trajectories(src: Path):
 
 
 def validate_command(args: argparse.Namespace) -> None:
-    from routerops.pricing import load_pool, load_price_book
-    from routerops.validation import check_trajectory_rows
-
     src = Path(args.src)
     episodes, turns = read_trajectories(src)
     report = check_trajectory_rows(episodes, turns, load_pool(args.pool), load_price_book(args.price_book),
@@ -71,9 +76,6 @@ def validate_command(args: argparse.Namespace) -> None:
 
 def import_qa_command(args: argparse.Namespace) -> None:
     """GSM8K- or MATH-format JSONL → a tasks file the collect stage can run."""
-    from routerops.envs.jsonl_qa import import_jsonl_qa
-    from routerops.envs.suites import write_tasks
-
     tasks = import_jsonl_qa(args.path, fmt=args.format, suite=args.suite, split=args.split, limit=args.limit)
     write_tasks(tasks, Path(args.out))
     print(f"imported {len(tasks)} tasks from {args.path} -> {args.out}")
@@ -81,31 +83,62 @@ def import_qa_command(args: argparse.Namespace) -> None:
 
 def import_routellm_command(args: argparse.Namespace) -> None:
     """RouteLLM's gsm8k_responses.csv → a logged-outcomes table (docs/replay_format.md)."""
-    from routerops.envs.replay import import_routellm_gsm8k, write_logged_outcomes
-
     table = import_routellm_gsm8k(args.csv, contaminated_path=args.contaminated, train_path=args.train)
     write_logged_outcomes(table, Path(args.out))
     print(f"{table.query_id.nunique()} queries x {table.worker.nunique()} workers -> {args.out}")
 
 
-def replay_command(args: argparse.Namespace) -> None:
-    """Cross-fitted leaderboard of every router on a logged-outcomes table (no live call)."""
-    from models.replay_bench import main as replay_main
+def replay_tables(args: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame | None, str]:
+    """(scored table, training table or None, protocol) from --table, --train-table, --split-column."""
+    scored = load_logged_outcomes(args.table)
+    train = None if args.train_table is None else load_logged_outcomes(args.train_table)
+    if args.split_column:
+        source = args.train_table or args.table
+        train = split_table(scored if train is None else train, args.split_column, [args.train_split], str(source))
+        scored = split_table(scored, args.split_column, args.score_splits, str(args.table))
+        return train, scored, (f"fixed split: fit on {args.split_column}={args.train_split}"
+                               f"{f' of {args.train_table}' if args.train_table else ''}, "
+                               f"scored on {args.split_column} in {args.score_splits}")
+    if train is not None:
+        return train, scored, f"fit on {args.train_table}, scored on {args.table}"
+    return None, scored, f"cross-fit k={args.k}"
 
-    argv = ["--table", args.table, "--prices", args.prices, "--k", str(args.k), "--out", args.out,
-            "--bootstrap", str(args.bootstrap), "--routers", *args.routers, "--seeds", *map(str, args.seeds)]
-    if replay_main(argv):
-        raise SystemExit(1)
+
+def replay_command(args: argparse.Namespace) -> None:
+    """Leaderboard of every router on a logged-outcomes table (no live call)."""
+    train, scored, protocol = replay_tables(args)
+    # SIGTERM (a scheduler stopping us) must unwind the `with` below so the local LLM server stops too.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        with contextlib.ExitStack() as stack:
+            factories = {}
+            if "prompted_llm" in args.routers:
+                url = args.llm_base_url or stack.enter_context(local_llm_server())
+                factories["prompted_llm"] = lambda seed: PromptedLLMRouter(base_url=url)
+            board = run_replay_benchmark(scored, args.prices, args.routers, k=args.k, seeds=args.seeds,
+                                         factories=factories, n_boot=args.bootstrap, train=train, protocol=protocol)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(board.drop(columns=["protocol"]).round(4).to_string(index=False))
+    print(f"protocol: {protocol}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    board.to_csv(out, index=False)
+    board.attrs["curves"].to_csv(out.with_suffix(".curves.csv"), index=False)
+    meta = {k: v for k, v in board.attrs.items() if k != "curves"}
+    schema.write_json_atomic({**meta, "argv": sys.argv[1:]}, out.with_suffix(".meta.json"))
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="routerops", description="cost-aware LLM router pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    stage = sub.add_parser("stage", help="run one pipeline stage (as dvc.yaml does)")
-    stage.add_argument("name", choices=STAGES)
-    stage.add_argument("--params", default="params.yaml")
-    stage.set_defaults(func=run_stage)
+    stage = sub.add_parser("stage", help="run one stage of any pipeline (as dvc.yaml does)")
+    stage.add_argument("name", choices=sorted(STAGES))
+    stage.add_argument("--params", default="params.yaml", help="relative to --root")
+    stage.add_argument("--root", default=".", help="the Layout's root: where data/ and reports/ live")
+    stage.set_defaults(func=stage_command)
 
     reprice = sub.add_parser("reprice", help="re-price trajectories under another price book (no calls)")
     reprice.add_argument("--src", default="data/raw", help="folder with episodes.parquet and turns.parquet")
@@ -135,13 +168,18 @@ def build_parser() -> argparse.ArgumentParser:
     routellm.add_argument("--out", required=True)
     routellm.set_defaults(func=import_routellm_command)
 
-    replay = sub.add_parser("replay", help="cross-fitted router leaderboard on a logged-outcomes table")
-    replay.add_argument("--table", required=True)
+    replay = sub.add_parser("replay", help="router leaderboard on a logged-outcomes table (no live call)")
+    replay.add_argument("--table", required=True, help="logged outcomes the routers are scored on")
+    replay.add_argument("--train-table", help="fit every router on this table instead (e.g. other data)")
+    replay.add_argument("--split-column", help="fit on rows whose column is --train-split, score the rest")
+    replay.add_argument("--train-split", default="train")
+    replay.add_argument("--score-splits", nargs="+", default=["test"])
+    replay.add_argument("--llm-base-url", help="OpenAI-compatible endpoint for prompted_llm; default: local server")
     replay.add_argument("--prices", required=True, help="price book the costs are derived under")
     replay.add_argument("--routers", nargs="+",
                         default=["random", "oracle", "cascade", "knn", "logistic", "mf", "mlp", "ensemble", "mtrouter"],
-                        help="registry names (models.baselines.ROUTER_FACTORIES) or single:<worker>")
-    replay.add_argument("--k", type=int, default=5)
+                        help="registry names (models.registry.ROUTER_FACTORIES) or single:<worker>")
+    replay.add_argument("--k", type=int, default=5, help="cross-fitting folds (tables without a split)")
     replay.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     replay.add_argument("--bootstrap", type=int, default=1000)
     replay.add_argument("--out", default="reports/replay/leaderboard.csv")
@@ -150,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     try:
         args.func(args)

@@ -20,9 +20,9 @@ import pandas as pd
 import pytest
 
 from models.mtrouter.config import MTRouterConfig
-from models.mtrouter.pipeline import held_out_outcomes
+from stages.mtrouter import held_out_outcomes, judged_episodes
 from models.mtrouter.router import MTRouter
-from models.mtrouter.serving import ServedMTRouter
+from evaluation.mtrouter_serving import ServedMTRouter
 from routerops import schema
 from routerops.config import TrackConfig
 from routerops.envs.replay import ReplayEnvironment, replay_tasks, replay_workers
@@ -82,8 +82,9 @@ def world(tmp_path_factory):
     worse = MTRouter(POOL, BOOK, CFG).fit(episodes.assign(score=1.0 - episodes.score), turns, prompts)
     test = [t for t in tasks if t.split == "test"]
 
-    def judge(router: MTRouter, label: str) -> pd.DataFrame:
-        return held_out_outcomes(roll_out(frame, test, [router.policy(name=label)], tmp / label)[0])
+    def judge(served, label: str):
+        router = served.router if isinstance(served, ServedMTRouter) else served
+        return judged_episodes(held_out_outcomes(roll_out(frame, test, [router.policy(name=label)], tmp / label)[0]))
 
     hashes = {"train_episodes_sha256": schema.file_sha256(tmp / "train/episodes.parquet")}
     return {"good": good, "worse": worse, "judge": judge, "hashes": hashes, "test": test}
@@ -93,7 +94,7 @@ def world(tmp_path_factory):
 def tracking(tmp_path, monkeypatch):
     import mlflow
 
-    from tasks.tracking import use_tracking
+    from evaluation.tracking import use_tracking
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -118,22 +119,22 @@ def requests(test: list) -> pd.DataFrame:
 def test_register_load_in_a_fresh_process_and_refuse_a_worse_candidate(world, tracking, tmp_path):
     import mlflow
 
-    from tasks.registry import CHAMPION_ALIAS, DECISION_FILE, register_mtrouter
+    from evaluation.registry import CHAMPION_ALIAS, DECISION_FILE, register_and_promote
 
     judge = world["judge"]
     good_outcomes = judge(world["good"], "candidate-good")
-    assert good_outcomes.score.mean() == 1.0  # it reads the task: cheap for sums, dear for capitals
-    first, promoted = register_mtrouter(world["good"], "replay", good_outcomes, judge, GATE,
-                                        data_hashes=world["hashes"], metrics={"id_test_score_mean": 1.0})
+    assert good_outcomes.outcomes.correct.mean() == 1.0  # it reads the task: cheap for sums, dear for capitals
+    first, promoted = register_and_promote(ServedMTRouter(world["good"], "replay"), good_outcomes, judge, GATE,
+                                           data_hashes=world["hashes"], metrics={"id_test_score_mean": 1.0})
     assert first.name == "mtrouter-replay" and promoted.promote and "no current champion" in promoted.reason
 
     worse_outcomes = judge(world["worse"], "candidate-worse")
-    assert worse_outcomes.score.mean() < 0.5
-    second, refused = register_mtrouter(world["worse"], "replay", worse_outcomes, judge, GATE,
-                                        data_hashes=world["hashes"], include_code=False)
+    assert worse_outcomes.outcomes.correct.mean() < 0.5
+    second, refused = register_and_promote(ServedMTRouter(world["worse"], "replay"), worse_outcomes, judge, GATE,
+                                           data_hashes=world["hashes"], include_code=False)
     assert not refused.promote and refused.ci_high < 0, refused.reason
     assert refused.champion_score == 1.0 and refused.n == len(world["test"])
-    assert refused.evidence["test_tasks"] == sorted(t.task_id for t in world["test"])
+    assert sorted(refused.evidence["gate_ids"]) == sorted(t.task_id for t in world["test"])
 
     client = mlflow.MlflowClient()
     assert str(client.get_model_version_by_alias("mtrouter-replay", CHAMPION_ALIAS).version) == first.version
@@ -168,9 +169,9 @@ def test_logged_model_signature_example_and_input_errors(world, tracking, tmp_pa
     import mlflow
     from mlflow.models import Model
 
-    from tasks.registry import log_mtrouter
+    from evaluation.registry import register
 
-    reg = log_mtrouter(world["good"], "replay", include_code=False)
+    reg = register(ServedMTRouter(world["good"], "replay"), include_code=False)
     local = mlflow.artifacts.download_artifacts(reg.model_uri, dst_path=str(tmp_path / "dl"))
     model = Model.load(local)
     assert model.signature.inputs.input_names() == ["task", "history", "candidates", "budget_usd", "turns_left"]

@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 
 from models.base import Router, RoutingData
-from models.baselines import Oracle, RandomRouter, make_router
+from models.baselines import Oracle, RandomRouter
+from models.registry import make_router
 from models.baselines.synthetic import make_synthetic_table
-from models.replay_bench import (
+from evaluation.replay import (
     cost_at_accuracy, cross_fit, curve_aiq, knob_grid, operating_points, run_replay_benchmark, sweep,
     two_worker_metrics,
 )
@@ -96,7 +97,7 @@ def test_aiq_orders_oracle_above_random_above_nothing(table):
     def aiq_of(router):
         q = router.predict_quality(table)
         ops = operating_points(router, q, table)
-        from models.replay_bench import cost_window
+        from evaluation.replay import cost_window
 
         return curve_aiq(ops.paid.mean(axis=1), ops.correct.mean(axis=1), cost_window(table))
 
@@ -129,7 +130,7 @@ shared = pytest.mark.skipif(not ROUTELLM.is_dir(), reason="../shared/data/routel
 
 @pytest.fixture(scope="module")
 def routellm() -> RoutingData:
-    from models.replay_bench import to_routing_data
+    from evaluation.replay import to_routing_data
     from routerops.envs.replay import import_routellm_gsm8k
     from routerops.pricing import load_price_book
 
@@ -178,7 +179,7 @@ def price_book(path: Path, dear_output: float) -> Path:
 
 def test_cli_reprices_without_touching_accuracy(tmp_path, monkeypatch):
     from routerops.envs.replay import write_logged_outcomes
-    from models.replay_bench import main
+    from evaluation.replay import main
 
     monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
     table = write_logged_outcomes(long_table(), tmp_path / "toy.parquet")
@@ -207,7 +208,7 @@ def test_cross_fit_accepts_classes_and_zero_argument_factories(table):
 
 
 def test_a_cascades_apgr_score_reads_only_the_cheap_workers_answer(pair):
-    from models.replay_bench import strong_call_score
+    from evaluation.replay import strong_call_score
 
     cascade = make_router("cascade")
     q = np.random.default_rng(1).random((len(pair), 2))

@@ -1,7 +1,6 @@
-"""Saving a fitted MTRouter and serving it: a task and its history in, the next worker (or STOP) out.
+"""Saving and loading a fitted MTRouter (behind `MTRouter.save` / `MTRouter.load`).
 
-`save_router` / `load_router` (behind `MTRouter.save` / `MTRouter.load`) write a directory that holds
-no pickle:
+The directory holds no pickle:
 
   mtrouter.json   config (MTRouterConfig), pool, price book, ĉ(a) per worker, the expected episode
                   lengths of eq. 6, the estimator's scalars (target mean/std, input width, fit reports)
@@ -11,15 +10,8 @@ no pickle:
                   coefficients of the linear head or of the Ridge ablation.
 
 The frozen history encoder φ is *referenced* (cfg.encoder_kind / encoder_path / hashing_dim) and
-rebuilt on load, so no encoder weights enter the directory.
-
-This module is also an MLflow pyfunc *loader module* (`_load_pyfunc`), so models/ never imports
-mlflow; tasks/registry.py logs the directory. Input: a DataFrame with `task` (text), `history` (JSON
-list of {"action", "observation"}, possibly empty), optional `candidates` (JSON list of worker
-names; default the whole pool), `budget_usd` (remaining; missing = no limit) and `turns_left`
-(missing = no limit). Output: `worker` — eq. 8 (minus λ·ĉ) over the affordable candidates, or
-"STOP" when no turn is left or none is affordable — and `score:<worker>` = ŝ(h_t, a) for every pool
-worker (NaN for workers not among the row's candidates).
+rebuilt on load, so no encoder weights enter the directory. Serving it (task and history in, next
+worker out) is evaluation/mtrouter_serving.py.
 """
 
 from __future__ import annotations
@@ -27,30 +19,29 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-import math
 import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+import torch
 
 from models.mtrouter.config import MTRouterConfig
-from models.mtrouter.history import Interaction
-from models.serving import BUDGET_COLUMN, SCORE_PREFIX, WORKER_COLUMN
+from models.mtrouter.estimator import FitReport, OutcomeEstimator, OutcomeNet, RidgeOutcomeEstimator
+from models.mtrouter.history import build_history_encoder
+from models.mtrouter.linear_head import LinearHead
+from models.mtrouter.model_encoder import AttributeTable
+from routerops import schema
 from routerops.errors import InputError
 from routerops.pricing import Pool, Price, PriceBook, WorkerSpec
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # router.py imports this module to save and load itself
     from models.mtrouter.router import MTRouter
 
 ROUTER_FORMAT = 1
 META_FILE, WEIGHTS_FILE, ARRAYS_FILE = "mtrouter.json", "estimator.pt", "arrays.npz"
-TASK_COLUMN, HISTORY_COLUMN, CANDIDATES_COLUMN, TURNS_LEFT_COLUMN = "task", "history", "candidates", "turns_left"
-STOP_CHOICE = "STOP"
-SOURCE = "<model input>"
 
 
 # ---------------------------------------------------------------- saving
@@ -80,8 +71,6 @@ def _book_dict(book: PriceBook | None) -> dict | None:
 
 def _estimator_state(estimator) -> tuple[dict, dict[str, np.ndarray], list[dict]]:
     """(scalars for the JSON, arrays for the npz, torch state_dicts) of a fitted estimator."""
-    from models.mtrouter.estimator import RidgeOutcomeEstimator
-
     if isinstance(estimator, RidgeOutcomeEstimator):
         model = estimator.model
         return {"kind": "ridge"}, {"ridge.coef": model.coef_, "ridge.intercept": np.asarray(model.intercept_)}, []
@@ -101,8 +90,6 @@ def _estimator_state(estimator) -> tuple[dict, dict[str, np.ndarray], list[dict]
 
 def save_router(router: "MTRouter", directory: str | Path) -> Path:
     """Write a fitted router to `directory`, replacing what is there only once the new one is complete."""
-    import torch
-
     if router.estimator is None:
         raise RuntimeError("MTRouter.save before fit()")
     directory = Path(directory)
@@ -136,9 +123,7 @@ def save_router(router: "MTRouter", directory: str | Path) -> Path:
 
 
 def read_meta(directory: str | Path) -> dict[str, Any]:
-    from models.serving import read_format_meta
-
-    return read_format_meta(Path(directory) / META_FILE, ROUTER_FORMAT, "saved MTRouter")
+    return schema.read_format_meta(Path(directory) / META_FILE, ROUTER_FORMAT, "saved MTRouter")
 
 
 def _pool(raw: dict) -> Pool:
@@ -153,9 +138,6 @@ def _book(raw: dict | None) -> PriceBook | None:
 
 
 def _estimator(meta: dict, arrays, states: list[dict], table, cfg: MTRouterConfig):
-    from models.mtrouter.estimator import FitReport, OutcomeEstimator, OutcomeNet, RidgeOutcomeEstimator
-    from models.mtrouter.linear_head import LinearHead
-
     scalars = meta["estimator"]
     if scalars["kind"] == "ridge":
         estimator = RidgeOutcomeEstimator(table, cfg)
@@ -178,15 +160,9 @@ def _estimator(meta: dict, arrays, states: list[dict], table, cfg: MTRouterConfi
     return estimator
 
 
-def load_router(directory: str | Path, history_encoder=None) -> "MTRouter":
+def load_router(router_class: type["MTRouter"], directory: str | Path, history_encoder=None) -> "MTRouter":
     """A router saved by `save_router`. φ is rebuilt from the config (no disk cache: a served model
     writes nothing) unless `history_encoder` is given; it must have the width the router was fit on."""
-    import torch
-
-    from models.mtrouter.history import build_history_encoder
-    from models.mtrouter.model_encoder import AttributeTable
-    from models.mtrouter.router import MTRouter
-
     directory = Path(directory)
     meta = read_meta(directory)
     # Routers saved before encoder backends existed embedded with plain torch.
@@ -196,7 +172,7 @@ def load_router(directory: str | Path, history_encoder=None) -> "MTRouter":
         # e.g. bf16 autocast on one CPU and not on another: close vectors, not identical scores.
         warnings.warn(f"{directory}: trained with history encoder {meta['encoder_id']}, serving with "
                       f"{encoder.text_encoder.encoder_id}; scores may differ slightly", stacklevel=2)
-    router = MTRouter(_pool(meta["pool"]), _book(meta["price_book"]), cfg, encoder)
+    router = router_class(_pool(meta["pool"]), _book(meta["price_book"]), cfg, encoder)
     with np.load(directory / ARRAYS_FILE) as npz:
         arrays = {k: npz[k] for k in npz.files}
     router.table = AttributeTable(tuple(meta["table"]["models"]), tuple(meta["table"]["features"]),
@@ -211,114 +187,3 @@ def load_router(directory: str | Path, history_encoder=None) -> "MTRouter":
         raise InputError(directory / META_FILE, "x_dim", f"the router was fit on {meta['x_dim']}-d histories, "
                          f"the history encoder {encoder.text_encoder.encoder_id} gives {router.input_dim}-d")
     return router
-
-
-# ---------------------------------------------------------------- serving
-
-
-def _json_list(value: Any, row: int, column: str) -> list | None:
-    """A JSON list cell (or an already-parsed list); None for a missing cell."""
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return list(value)
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
-        return None
-    try:
-        parsed = json.loads(value)
-    except (TypeError, json.JSONDecodeError) as exc:
-        raise InputError(SOURCE, f"{column}[{row}]", f"not valid JSON: {exc}") from None
-    if not isinstance(parsed, list):
-        raise InputError(SOURCE, f"{column}[{row}]", f"expected a JSON list, got {type(parsed).__name__}")
-    return parsed
-
-
-def parse_history(value: Any, row: int = 0) -> list[Interaction]:
-    """⟨u_i, o_{i+1}⟩ pairs from a JSON list of {"action": str, "observation": str} (eq. 2)."""
-    pairs = []
-    for i, item in enumerate(_json_list(value, row, HISTORY_COLUMN) or []):
-        where = f"{HISTORY_COLUMN}[{row}][{i}]"
-        if not isinstance(item, dict) or not isinstance(item.get("action"), str):
-            raise InputError(SOURCE, where, 'expected {"action": str, "observation": str}')
-        if not isinstance(item.get("observation", ""), str):
-            raise InputError(SOURCE, f"{where}.observation", "expected a string")
-        pairs.append(Interaction(item["action"], item.get("observation", "")))
-    return pairs
-
-
-def parse_candidates(value: Any, pool: Sequence[str], row: int = 0) -> list[str]:
-    names = _json_list(value, row, CANDIDATES_COLUMN)
-    if names is None:
-        return list(pool)
-    unknown = [n for n in names if n not in pool]
-    if unknown or not names:
-        problem = f"unknown worker {unknown[0]!r}" if unknown else "empty list"
-        raise InputError(SOURCE, f"{CANDIDATES_COLUMN}[{row}]", f"{problem}; the router serves {list(pool)}")
-    return list(dict.fromkeys(names))
-
-
-def _limit(frame: pd.DataFrame, column: str) -> np.ndarray:
-    """A numeric, non-negative column; a missing column or cell means no limit (inf)."""
-    if column not in frame:
-        return np.full(len(frame), np.inf)
-    values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
-    bad = np.flatnonzero(frame[column].notna().to_numpy() & np.isnan(values) | (values < 0))
-    if len(bad):
-        raise InputError(SOURCE, f"{column}[{bad[0]}]", f"expected a number ≥ 0, got {frame[column].iloc[bad[0]]!r}")
-    return np.where(np.isnan(values), np.inf, values)
-
-
-class ServedMTRouter:
-    """What `mlflow.pyfunc.load_model` returns the predictions of: one routing decision per row."""
-
-    def __init__(self, router: "MTRouter"):
-        self.router = router
-        self.workers = list(router.pool.names)
-
-    def decide(self, task: str, history: Sequence[Interaction], candidates: Sequence[str], budget_usd: float,
-               turns_left: float) -> tuple[str, np.ndarray]:
-        """(worker or STOP, ŝ of every candidate) for one history."""
-        router = self.router
-        scores = router.score(router.features_of(task, history), candidates)
-        affordable = [i for i, w in enumerate(candidates) if router.expected_cost.get(w, 0.0) <= budget_usd]
-        if turns_left <= 0 or not affordable:
-            return STOP_CHOICE, scores
-        best = router.best_index([candidates[i] for i in affordable], scores[affordable])
-        return candidates[affordable[best]], scores
-
-    def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        frame = self._frame(model_input)
-        budgets, turns_left = _limit(frame, BUDGET_COLUMN), _limit(frame, TURNS_LEFT_COLUMN)
-        choices, table = [], np.full((len(frame), len(self.workers)), np.nan)
-        for i in range(len(frame)):
-            task = frame[TASK_COLUMN].iloc[i]
-            if not isinstance(task, str) or not task.strip():
-                raise InputError(SOURCE, f"{TASK_COLUMN}[{i}]", "expected non-empty task text")
-            candidates = parse_candidates(frame[CANDIDATES_COLUMN].iloc[i] if CANDIDATES_COLUMN in frame else None,
-                                          self.workers, i)
-            choice, scores = self.decide(task, parse_history(frame[HISTORY_COLUMN].iloc[i], i), candidates,
-                                         budgets[i], turns_left[i])
-            choices.append(choice)
-            table[i, [self.workers.index(w) for w in candidates]] = scores
-        out = pd.DataFrame({WORKER_COLUMN: pd.Series(choices, dtype=object)})
-        for j, worker in enumerate(self.workers):
-            out[f"{SCORE_PREFIX}{worker}"] = table[:, j]
-        return out
-
-    @staticmethod
-    def _frame(model_input: Any) -> pd.DataFrame:
-        if isinstance(model_input, dict):
-            model_input = pd.DataFrame(model_input)
-        if not isinstance(model_input, pd.DataFrame):
-            raise InputError(SOURCE, TASK_COLUMN, f"expected a DataFrame, got {type(model_input).__name__}")
-        for column in (TASK_COLUMN, HISTORY_COLUMN):
-            if column not in model_input.columns:
-                raise InputError(SOURCE, column, f"missing column; expected {TASK_COLUMN}, {HISTORY_COLUMN} and "
-                                 f"optionally {CANDIDATES_COLUMN}, {BUDGET_COLUMN}, {TURNS_LEFT_COLUMN}")
-        return model_input.reset_index(drop=True)
-
-    def get_raw_model(self) -> "MTRouter":
-        return self.router
-
-
-def _load_pyfunc(data_path: str) -> ServedMTRouter:
-    """MLflow's loader-module entry point: `data_path` is the directory written by `save_router`."""
-    return ServedMTRouter(load_router(data_path))

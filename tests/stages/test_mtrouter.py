@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from models.mtrouter.pipeline import check_run, estimator_config, load_run
+from stages.mtrouter import check_run, estimator_config, load_run
 from routerops.envs.scienceworld_env import SCIENCEWORLD_ID_TYPES, SCIENCEWORLD_OOD_TYPES
 from routerops.errors import InputError
 
@@ -52,7 +52,7 @@ def test_embedded_run_passes_its_checks_and_unknown_keys_fail(tmp_path, monkeypa
 def test_offline_ablation_metrics_judge_each_estimator_on_its_own_target(pool, book, tiny_cfg, tables):
     """The error-penalty ablation learns S_final, the full model S̃_0 = S_final − Σρ: each one's MAE
     is against its own target, so neither looks better just for predicting on another scale."""
-    from models.mtrouter.pipeline import first_turn_prediction, offline_metrics
+    from stages.mtrouter import first_turn_prediction, offline_metrics
     from models.mtrouter.router import MTRouter
     from models.mtrouter.targets import turn_targets
     from routerops.types import Task

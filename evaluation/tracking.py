@@ -1,8 +1,8 @@
 """MLflow tracking: one parent run per pipeline run, one nested run per stage.
 
-Each stage leaves a manifest (params, metrics, input/output hashes, artifacts) under
-reports/stages/; this module turns those manifests into MLflow runs tagged with the git commit.
-It is the only place the pipeline talks to MLflow's tracking API.
+Each stage leaves a manifest (params, metrics, input/output hashes, artifacts) in its pipeline's
+manifest folder (stages/manifest.py); this module turns those manifests into MLflow runs tagged
+with the git commit. The registry (evaluation/registry.py) is the only other MLflow user.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from routerops.config import TrackConfig
+import mlflow
 
-STAGE_ORDER = ("materialise", "collect", "reprice", "validate", "evaluate", "routers", "register")
+from routerops.config import TrackConfig
 
 
 def git_commit() -> str:
@@ -39,8 +39,6 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def use_tracking(cfg: TrackConfig) -> str:
     """Point MLflow at the configured store (env MLFLOW_TRACKING_URI wins) and experiment."""
-    import mlflow
-
     uri = os.environ.get("MLFLOW_TRACKING_URI", cfg.tracking_uri)
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
@@ -57,8 +55,6 @@ def use_tracking(cfg: TrackConfig) -> str:
 
 def log_stage(manifest: dict[str, Any], commit: str) -> str:
     """One nested MLflow run for one stage manifest; returns its run id."""
-    import mlflow
-
     with mlflow.start_run(run_name=manifest["stage"], nested=True) as run:
         params = {k: str(v)[:500] for k, v in flatten(manifest["params"]).items()}
         if params:
@@ -76,32 +72,17 @@ def log_stage(manifest: dict[str, Any], commit: str) -> str:
         return run.info.run_id
 
 
-def log_pipeline_runs(cfg: TrackConfig, manifest_dir: Path = Path("reports/stages")) -> dict[str, str]:
-    """Log every stage manifest present, in pipeline order, under one parent run."""
-    import mlflow
-
+def log_pipeline_runs(cfg: TrackConfig, manifest_dir: Path, stage_order: list[str],
+                      run_name: str = "pipeline") -> dict[str, str]:
+    """Log the manifests of `stage_order` present in `manifest_dir`, in that order, under one parent
+    run; a stage that left several manifests (e.g. one per ablation, `ablation-full.json`) logs each."""
     use_tracking(cfg)
     commit = git_commit()
-    manifests = [json.loads((manifest_dir / f"{s}.json").read_text())
-                 for s in STAGE_ORDER if (manifest_dir / f"{s}.json").is_file()]
-    with mlflow.start_run(run_name="pipeline") as parent:
+    manifests = [json.loads(path.read_text()) for stage in stage_order
+                 for path in sorted(manifest_dir.glob(f"{stage}*.json"))]
+    with mlflow.start_run(run_name=run_name) as parent:
         mlflow.set_tags({"git_commit": commit, "stages": ",".join(m["stage"] for m in manifests)})
         run_ids = {"pipeline": parent.info.run_id}
         for manifest in manifests:
             run_ids[manifest["stage"]] = log_stage(manifest, commit)
     return run_ids
-
-
-def main() -> None:
-    """DVC's track stage: `python -m tasks.tracking`."""
-    from routerops.config import load_params
-    from routerops.stages import REPORTS, write_json
-
-    params = load_params()
-    run_ids = log_pipeline_runs(params.track)
-    write_json(run_ids, REPORTS / "mlflow_runs.json")
-    print(json.dumps(run_ids, indent=2))
-
-
-if __name__ == "__main__":
-    main()

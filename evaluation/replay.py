@@ -8,13 +8,15 @@ gain over the best single worker and cost saved, and, for two-worker tables, Rou
 CPT(50%/80%) with router score = q̂(strong) − q̂(weak).
 
 Costs come from tokens and the price book passed in, so re-pricing is passing another book.
-The router classes live in `models/`; this module only needs the Router interface, and resolves
-router names through `models.baselines.make_router` unless factories are given.
+Tables with a split (a `split` column, or a second table to train on) are scored on a fixed split
+instead: routers fit on the training rows only (`run_replay_benchmark(..., train=...)`). Router names
+resolve through `models.registry.make_router` unless factories are given.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,15 +24,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from sklearn.model_selection import KFold
+from tqdm.auto import tqdm
 
 from models.base import Router, RoutingData
+from models.embeddings import default_encoder
+from models.registry import ROUTER_FACTORIES, make_router
 from routerops import metrics
-from routerops.envs.replay import validate_logged_outcomes, worker_order
+from routerops.envs.replay import load_logged_outcomes, validate_logged_outcomes, worker_order
 from routerops.errors import InputError, RouteropsError
 from routerops.metrics import curve_aiq
 from routerops.pricing import PriceBook, load_price_book
 
 RouterFactory = Callable[[int], Router]
+log = logging.getLogger(__name__)
 STRONG_FRACTION = 0.95  # "cost at 95% of the strong model's accuracy"
 
 
@@ -216,14 +222,25 @@ def single_worker_reference(data: RoutingData) -> tuple[tuple[float, float], flo
     return (float(cost[best]), float(acc[best])), STRONG_FRACTION * float(acc.max())
 
 
+def fit_then_score(train: RoutingData, data: RoutingData, router_factory, seed: int = 0) -> np.ndarray:
+    """(n, w) quality predictions on `data` of a fresh router fitted on `train` alone (a fixed split:
+    nothing of `data` reaches the router's training data)."""
+    if list(train.workers) != list(data.workers):
+        raise InputError("training table", "worker", f"trains on workers {train.workers}, scores {data.workers}")
+    return _build(router_factory, seed).fit(train).predict_quality(data)
+
+
 def evaluate_router(name: str, factory: RouterFactory, data: RoutingData, k: int = 5,
-                    seeds: Sequence[int] = (0, 1, 2), n_boot: int = 1000) -> tuple[dict, pd.DataFrame]:
-    """Cross-fit `factory` once per seed; the leaderboard row (means over seeds, the spread of APGR and
-    AIQ across seeds, bootstrap intervals from the first seed) and the first seed's curve."""
+                    seeds: Sequence[int] = (0, 1, 2), n_boot: int = 1000,
+                    train: RoutingData | None = None) -> tuple[dict, pd.DataFrame]:
+    """The leaderboard row (means over seeds, the spread of APGR and AIQ across seeds, bootstrap
+    intervals from the first seed) and the first seed's curve of `factory` on `data`: fitted on `train`
+    when given (fixed split), else cross-fitted on `data` with k folds."""
     best, target = single_worker_reference(data)
     runs, first = [], None
     for seed in seeds:
-        quality = cross_fit(data, factory, k=k, seed=seed)
+        quality = (cross_fit(data, factory, k=k, seed=seed) if train is None
+                   else fit_then_score(train, data, factory, seed))
         router = _build(factory, seed)
         ops = operating_points(router, quality, data)
         runs.append(curve_summary(router, ops, data, quality, best, target))
@@ -280,14 +297,9 @@ def routing_data_from_table(table: str | Path | pd.DataFrame, price_book: PriceB
                             encoder=None) -> RoutingData:
     """Logged outcomes (a long table or its path) → RoutingData priced under `price_book`, with cached
     query embeddings and, when the table has a `response` column, the responses (for cascades)."""
-    from routerops.envs.replay import load_logged_outcomes
-
     df = load_logged_outcomes(table) if isinstance(table, (str, Path)) else table
     book = price_book if isinstance(price_book, PriceBook) else load_price_book(price_book)
-    if encoder is None:
-        from models.embeddings import default_encoder
-
-        encoder = default_encoder()
+    encoder = encoder or default_encoder()
     data = to_routing_data(df, book, embed=encoder.encode)
     if data.embeddings is None:
         data.embeddings = encoder.encode(data.queries)
@@ -298,18 +310,42 @@ def routing_data_from_table(table: str | Path | pd.DataFrame, price_book: PriceB
     return data
 
 
-def default_factories() -> dict[str, RouterFactory]:
-    from models.baselines import ROUTER_FACTORIES
+def split_table(frame: pd.DataFrame, column: str, values: Sequence[str], source: str = "table") -> pd.DataFrame:
+    """The rows of a logged-outcome table whose `column` is one of `values` (a clear error otherwise)."""
+    if column not in frame.columns:
+        raise InputError(source, column, f"no split column {column!r}; columns: {sorted(frame.columns)}")
+    rows = frame[frame[column].astype(str).isin(list(values))]
+    if rows.empty:
+        raise InputError(source, column, f"no row with {column} in {list(values)}; "
+                         f"found {sorted(frame[column].astype(str).unique())}")
+    return rows.reset_index(drop=True)
 
-    return dict(ROUTER_FACTORIES)
+
+def check_disjoint(train: RoutingData, data: RoutingData) -> None:
+    """A router is never judged on a query it trained on: refuse overlapping query ids or texts."""
+    seen_ids, seen_texts = set(train.query_ids), set(train.queries)
+    shared = [q for q, text in zip(data.query_ids, data.queries) if q in seen_ids or text in seen_texts]
+    if shared:
+        raise InputError("training table", "query_id", f"{len(shared)} scored queries are also training "
+                         f"queries, e.g. {shared[0]!r}: the numbers would not be out of sample")
+
+
+def _as_routing_data(table, book: PriceBook | None, encoder) -> RoutingData:
+    return table if isinstance(table, RoutingData) else routing_data_from_table(table, book, encoder)
 
 
 def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_book: PriceBook | str | Path | None,
                          routers: Sequence[str], k: int = 5, seeds: Sequence[int] = (0, 1, 2),
                          factories: dict[str, RouterFactory] | None = None, encoder=None, n_boot: int = 1000,
                          include_singles: bool = True, progress: bool = True,
-                         single_seed: Sequence[str] = ("oracle", "prompted_llm")) -> pd.DataFrame:
+                         single_seed: Sequence[str] = ("oracle", "prompted_llm"),
+                         train: str | Path | pd.DataFrame | RoutingData | None = None,
+                         protocol: str | None = None) -> pd.DataFrame:
     """Leaderboard of `routers` (registry names, or keys of `factories`) on one logged-outcome table.
+
+    Protocol: with `train` (another table, or the train split of the same one), every router is fitted
+    on `train` alone and scored on `table` (a fixed split; overlapping queries are refused); without
+    it, routers are cross-fitted on `table` (k folds). The `protocol` column and attr say which.
 
     One row per router (and per single worker): AIQ, APGR, CPT50, CPT80 (two-worker tables), best
     accuracy, USD per query at 95% of the strong worker's accuracy, gain over and cost saved against
@@ -318,16 +354,14 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
     Routers named in `single_seed` are deterministic given their folds (or slow: an LLM per query)
     and run with the first seed only.
     """
-    from tqdm.auto import tqdm
-
-    from models.baselines import make_router
-
-    if isinstance(table, RoutingData):
-        data, book_version = table, None
-    else:
-        book = price_book if isinstance(price_book, PriceBook) else load_price_book(price_book)
-        data, book_version = routing_data_from_table(table, book, encoder), book.version
-    factories = {**default_factories(), **(factories or {})}
+    book = None if price_book is None or isinstance(price_book, PriceBook) else load_price_book(price_book)
+    book = price_book if isinstance(price_book, PriceBook) else book
+    data = _as_routing_data(table, book, encoder)
+    train_data = None if train is None else _as_routing_data(train, book, encoder)
+    if train_data is not None:
+        check_disjoint(train_data, data)
+    protocol = protocol or (f"cross-fit k={k}" if train_data is None else "fixed split: fit on train, scored here")
+    factories = {**ROUTER_FACTORIES, **(factories or {})}
     names = ([f"single:{w}" for w in data.workers] if include_singles else []) + list(routers)
     rows, curves = [], []
     for name in tqdm(names, desc="routers", disable=not progress):
@@ -336,70 +370,15 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
         stochastic = not (single or name in single_seed)
         # A single worker has one operating point: no curve whose area a resample could vary.
         row, curve = evaluate_router(name, factory, data, k=k, seeds=seeds if stochastic else seeds[:1],
-                                     n_boot=0 if single else n_boot)
-        rows.append(row)
+                                     n_boot=0 if single else n_boot, train=train_data)
+        rows.append({**row, "protocol": protocol})
         curves.append(curve)
     board = pd.DataFrame(rows).sort_values("aiq", ascending=False, kind="mergesort").reset_index(drop=True)
     board.attrs["curves"] = pd.concat(curves, ignore_index=True)
     board.attrs["n_queries"] = len(data)
     board.attrs["workers"] = list(data.workers)
-    board.attrs["price_book"] = book_version
+    board.attrs["price_book"] = None if book is None else book.version
     board.attrs["k"], board.attrs["seeds"] = k, list(seeds)
+    board.attrs["protocol"] = protocol
+    board.attrs["n_train_queries"] = None if train_data is None else len(train_data)
     return board
-
-
-# ---------------------------------------------------------------- command line
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """python -m models.replay_bench --table T.parquet --prices P.yaml --routers knn mlp ... --out board.csv"""
-    import argparse
-    import json
-    import signal
-    import sys
-
-    parser = argparse.ArgumentParser(description="Cross-fitted replay benchmark of routers on logged outcomes.")
-    parser.add_argument("--table", required=True, type=Path, help="logged outcomes (.parquet or .csv)")
-    parser.add_argument("--prices", required=True, type=Path, help="price book the costs are derived under")
-    parser.add_argument("--routers", nargs="+", default=["random", "oracle", "knn", "logistic", "mf", "mlp"])
-    parser.add_argument("--k", type=int, default=5, help="cross-fitting folds")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--bootstrap", type=int, default=1000)
-    parser.add_argument("--llm-base-url", help="OpenAI-compatible endpoint for prompted_llm; default: the local server")
-    parser.add_argument("--out", type=Path, help="leaderboard CSV; curves go beside it as <name>.curves.csv")
-    args = parser.parse_args(argv)
-    # SIGTERM (a scheduler stopping us) must unwind the `with` below so the local LLM server stops too.
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        board = _run_cli(args)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(board.round(4).to_string(index=False))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        board.to_csv(args.out, index=False)
-        board.attrs["curves"].to_csv(args.out.with_suffix(".curves.csv"), index=False)
-        meta = {k: v for k, v in board.attrs.items() if k != "curves"}
-        meta["argv"] = list(sys.argv[1:] if argv is None else argv)
-        args.out.with_suffix(".meta.json").write_text(json.dumps(meta, indent=2))
-    return 0
-
-
-def _run_cli(args) -> pd.DataFrame:
-    import contextlib
-
-    with contextlib.ExitStack() as stack:
-        factories = {}
-        if "prompted_llm" in args.routers:
-            from models.baselines import PromptedLLMRouter
-            from routerops.workers.server import local_llm_server
-
-            url = args.llm_base_url or stack.enter_context(local_llm_server())
-            factories["prompted_llm"] = lambda seed: PromptedLLMRouter(base_url=url)
-        return run_replay_benchmark(args.table, args.prices, args.routers, k=args.k, seeds=args.seeds,
-                                    factories=factories, n_boot=args.bootstrap)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,183 @@
+"""Serving a fitted MTRouter (paper 000): a task and its history in, the next worker (or STOP) out.
+
+`ServedMTRouter` is the multi-turn `Servable` (evaluation/servable.py). Input: a DataFrame with `task`
+(text), `history` (JSON list of {"action", "observation"}, possibly empty), optional `candidates`
+(JSON list of worker names; default the whole pool), `budget_usd` (remaining; missing = no limit)
+and `turns_left` (missing = no limit). Output: `worker` — eq. 8 (minus λ·ĉ) over the affordable
+candidates, or "STOP" when no turn is left or none is affordable — and `score:<worker>` = ŝ(h_t, a)
+for every pool worker (NaN for workers not among the row's candidates). It registers as
+`mtrouter-<suite>`; saving writes the router's own directory (models/mtrouter/persistence.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+from mlflow.models import ModelSignature
+from mlflow.types.schema import ColSpec, Schema
+
+from evaluation.servable import BUDGET_COLUMN, SCORE_PREFIX, WORKER_COLUMN, servable_json, write_servable_meta
+from evaluation.serving import registered_name
+from models.mtrouter.history import Interaction
+from models.mtrouter.router import MTRouter
+from routerops.errors import InputError
+
+TASK_COLUMN, HISTORY_COLUMN, CANDIDATES_COLUMN, TURNS_LEFT_COLUMN = "task", "history", "candidates", "turns_left"
+STOP_CHOICE = "STOP"
+SOURCE = "<model input>"
+MODEL_NAME_PREFIX = "mtrouter-"
+
+
+def _json_list(value: Any, row: int, column: str) -> list | None:
+    """A JSON list cell (or an already-parsed list); None for a missing cell."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return list(value)
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+        return None
+    try:
+        parsed = json.loads(value)
+    except (TypeError, json.JSONDecodeError) as exc:
+        raise InputError(SOURCE, f"{column}[{row}]", f"not valid JSON: {exc}") from None
+    if not isinstance(parsed, list):
+        raise InputError(SOURCE, f"{column}[{row}]", f"expected a JSON list, got {type(parsed).__name__}")
+    return parsed
+
+
+def parse_history(value: Any, row: int = 0) -> list[Interaction]:
+    """⟨u_i, o_{i+1}⟩ pairs from a JSON list of {"action": str, "observation": str} (eq. 2)."""
+    pairs = []
+    for i, item in enumerate(_json_list(value, row, HISTORY_COLUMN) or []):
+        where = f"{HISTORY_COLUMN}[{row}][{i}]"
+        if not isinstance(item, dict) or not isinstance(item.get("action"), str):
+            raise InputError(SOURCE, where, 'expected {"action": str, "observation": str}')
+        if not isinstance(item.get("observation", ""), str):
+            raise InputError(SOURCE, f"{where}.observation", "expected a string")
+        pairs.append(Interaction(item["action"], item.get("observation", "")))
+    return pairs
+
+
+def parse_candidates(value: Any, pool: Sequence[str], row: int = 0) -> list[str]:
+    names = _json_list(value, row, CANDIDATES_COLUMN)
+    if names is None:
+        return list(pool)
+    unknown = [n for n in names if n not in pool]
+    if unknown or not names:
+        problem = f"unknown worker {unknown[0]!r}" if unknown else "empty list"
+        raise InputError(SOURCE, f"{CANDIDATES_COLUMN}[{row}]", f"{problem}; the router serves {list(pool)}")
+    return list(dict.fromkeys(names))
+
+
+def _limit(frame: pd.DataFrame, column: str) -> np.ndarray:
+    """A numeric, non-negative column; a missing column or cell means no limit (inf)."""
+    if column not in frame:
+        return np.full(len(frame), np.inf)
+    values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
+    bad = np.flatnonzero(frame[column].notna().to_numpy() & np.isnan(values) | (values < 0))
+    if len(bad):
+        raise InputError(SOURCE, f"{column}[{bad[0]}]", f"expected a number ≥ 0, got {frame[column].iloc[bad[0]]!r}")
+    return np.where(np.isnan(values), np.inf, values)
+
+
+class ServedMTRouter:
+    """What `mlflow.pyfunc.load_model` returns the predictions of: one routing decision per row."""
+
+    family = "mtrouter"
+
+    def __init__(self, router: MTRouter, suite: str = "scienceworld"):
+        self.router = router
+        self.suite = suite
+        self.workers = list(router.pool.names)
+
+    def decide(self, task: str, history: Sequence[Interaction], candidates: Sequence[str], budget_usd: float,
+               turns_left: float) -> tuple[str, np.ndarray]:
+        """(worker or STOP, ŝ of every candidate) for one history."""
+        router = self.router
+        scores = router.score(router.features_of(task, history), candidates)
+        affordable = [i for i, w in enumerate(candidates) if router.expected_cost.get(w, 0.0) <= budget_usd]
+        if turns_left <= 0 or not affordable:
+            return STOP_CHOICE, scores
+        best = router.best_index([candidates[i] for i in affordable], scores[affordable])
+        return candidates[affordable[best]], scores
+
+    def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        frame = self._frame(model_input)
+        budgets, turns_left = _limit(frame, BUDGET_COLUMN), _limit(frame, TURNS_LEFT_COLUMN)
+        choices, table = [], np.full((len(frame), len(self.workers)), np.nan)
+        for i in range(len(frame)):
+            task = frame[TASK_COLUMN].iloc[i]
+            if not isinstance(task, str) or not task.strip():
+                raise InputError(SOURCE, f"{TASK_COLUMN}[{i}]", "expected non-empty task text")
+            candidates = parse_candidates(frame[CANDIDATES_COLUMN].iloc[i] if CANDIDATES_COLUMN in frame else None,
+                                          self.workers, i)
+            choice, scores = self.decide(task, parse_history(frame[HISTORY_COLUMN].iloc[i], i), candidates,
+                                         budgets[i], turns_left[i])
+            choices.append(choice)
+            table[i, [self.workers.index(w) for w in candidates]] = scores
+        out = pd.DataFrame({WORKER_COLUMN: pd.Series(choices, dtype=object)})
+        for j, worker in enumerate(self.workers):
+            out[f"{SCORE_PREFIX}{worker}"] = table[:, j]
+        return out
+
+    @staticmethod
+    def _frame(model_input: Any) -> pd.DataFrame:
+        if isinstance(model_input, dict):
+            model_input = pd.DataFrame(model_input)
+        if not isinstance(model_input, pd.DataFrame):
+            raise InputError(SOURCE, TASK_COLUMN, f"expected a DataFrame, got {type(model_input).__name__}")
+        for column in (TASK_COLUMN, HISTORY_COLUMN):
+            if column not in model_input.columns:
+                raise InputError(SOURCE, column, f"missing column; expected {TASK_COLUMN}, {HISTORY_COLUMN} and "
+                                 f"optionally {CANDIDATES_COLUMN}, {BUDGET_COLUMN}, {TURNS_LEFT_COLUMN}")
+        return model_input.reset_index(drop=True)
+
+    def get_raw_model(self) -> MTRouter:
+        return self.router
+
+    # ---- the Servable contract (evaluation/servable.py)
+    def registered_name(self) -> str:
+        return registered_name(self.suite, MODEL_NAME_PREFIX)
+
+    def save(self, directory: str | Path) -> Path:
+        directory = self.router.save(directory)
+        return write_servable_meta(self, directory, suite=self.suite)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "ServedMTRouter":
+        return cls(MTRouter.load(directory), servable_json(directory).get("suite", "scienceworld"))
+
+    def signature(self) -> ModelSignature:
+        inputs = Schema([ColSpec("string", TASK_COLUMN), ColSpec("string", HISTORY_COLUMN),
+                         ColSpec("string", CANDIDATES_COLUMN, required=False),
+                         ColSpec("double", BUDGET_COLUMN, required=False),
+                         ColSpec("double", TURNS_LEFT_COLUMN, required=False)])
+        outputs = Schema([ColSpec("string", WORKER_COLUMN)]
+                         + [ColSpec("double", f"{SCORE_PREFIX}{w}") for w in self.workers])
+        return ModelSignature(inputs=inputs, outputs=outputs)
+
+    def input_example(self) -> pd.DataFrame:
+        """One turn-2 decision: the task, one ⟨action, observation⟩ pair, every worker offered."""
+        history = [{"action": "look around", "observation": "This room is called the kitchen. You see a stove."}]
+        return pd.DataFrame({TASK_COLUMN: ["Your task is to boil water. First, focus on the substance."],
+                             HISTORY_COLUMN: [json.dumps(history)], CANDIDATES_COLUMN: [json.dumps(self.workers)],
+                             BUDGET_COLUMN: [0.05], TURNS_LEFT_COLUMN: [5.0]})
+
+    def tags(self) -> dict[str, str]:
+        router = self.router
+        return {"router_family": self.family, "suite": self.suite,
+                "price_book_version": router.price_book.version if router.price_book is not None else "none",
+                "pool": router.pool.name, "workers": ",".join(self.workers),
+                "encoder_kind": router.cfg.encoder_kind, "encoder_id": router.encoder.text_encoder.encoder_id,
+                "estimator_seed": str(router.cfg.seed)}
+
+    def params(self) -> dict[str, Any]:
+        return {**{f"estimator.{k}": v for k, v in dataclasses.asdict(self.router.cfg).items()},
+                **{f"expected_cost_usd.{w}": c for w, c in self.router.expected_cost.items()}}
+
+    def needs_encoder(self) -> bool:
+        return self.router.cfg.encoder_kind != "hashing"

@@ -1,0 +1,143 @@
+"""Where every pipeline keeps its data: one `Layout(root)` instead of paths relative to the working dir.
+
+Stages (stages/) take their inputs and return their outputs as paths from a Layout, so a stage runs the
+same under the repository (`routerops stage NAME`, DVC, the Prefect flows) and under a test's temp
+dir. dvc.yaml names the same paths relative to the repository root (tests/stages/test_layout.py
+checks that they agree).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Trajectories:
+    """The two tables of one trajectory set (routerops/schema.py)."""
+
+    episodes: Path
+    turns: Path
+
+    @classmethod
+    def under(cls, folder: Path) -> "Trajectories":
+        return cls(folder / "episodes.parquet", folder / "turns.parquet")
+
+    @property
+    def folder(self) -> Path:
+        return self.episodes.parent
+
+    def paths(self) -> list[Path]:
+        return [self.episodes, self.turns]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Every path of every pipeline under `root` (the repository root by default)."""
+
+    root: Path = Path(".")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    def resolve(self, path: str | Path) -> Path:
+        """A path from params.yaml (relative to the repository root) under this layout's root."""
+        path = Path(path)
+        return path if path.is_absolute() else self.root / path
+
+    # ---- main pipeline: data
+    @property
+    def tasks(self) -> Path:
+        return self.root / "data/suites/tasks.jsonl"
+
+    @property
+    def raw(self) -> Trajectories:
+        return Trajectories.under(self.root / "data/raw")
+
+    @property
+    def priced(self) -> Trajectories:
+        return Trajectories.under(self.root / "data/priced")
+
+    @property
+    def grid(self) -> Path:
+        """(task × worker) logged outcomes of the single-worker episodes, every split, `split` column kept."""
+        return self.root / "data/grid/outcomes.parquet"
+
+    @property
+    def journals(self) -> Path:
+        """Resumable collection state (not a DVC output)."""
+        return self.root / ".routerops/journals"
+
+    # ---- main pipeline: reports
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports"
+
+    @property
+    def manifests(self) -> Path:
+        """One JSON per stage run (params, metrics, hashes) that the track stage logs to MLflow."""
+        return self.reports / "stages"
+
+    @property
+    def validation(self) -> Path:
+        return self.reports / "validation.json"
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.reports / "eval"
+
+    @property
+    def routers_dir(self) -> Path:
+        return self.reports / "routers"
+
+    @property
+    def registry_report(self) -> Path:
+        return self.reports / "registry.json"
+
+    @property
+    def mlflow_runs(self) -> Path:
+        return self.reports / "mlflow_runs.json"
+
+    # ---- replay on real model outcomes (bundled RouteLLM GSM8K table)
+    @property
+    def replay_table(self) -> Path:
+        return self.root / "data/replay/routellm_gsm8k.parquet"
+
+    @property
+    def replay_dir(self) -> Path:
+        return self.reports / "replay"
+
+    # ---- MTRouter pipeline (paper 000)
+    @property
+    def mtrouter_data(self) -> Path:
+        return self.root / "data/mtrouter"
+
+    @property
+    def mtrouter_tasks(self) -> Path:
+        return self.mtrouter_data / "tasks.jsonl"
+
+    @property
+    def mtrouter_train(self) -> Trajectories:
+        return Trajectories.under(self.mtrouter_data / "train")
+
+    @property
+    def mtrouter_routers(self) -> Path:
+        """Every evaluated estimator seed's saved router; seeds[0] is registered."""
+        return self.mtrouter_data / "routers"
+
+    @property
+    def mtrouter_eval(self) -> Trajectories:
+        return Trajectories.under(self.mtrouter_data / "eval")
+
+    @property
+    def mtrouter_rollouts(self) -> Path:
+        """Journals of the evaluation and gate rollouts (resumable; not DVC outputs)."""
+        return self.root / ".routerops/mtrouter"
+
+    @property
+    def mtrouter_reports(self) -> Path:
+        return self.reports / "mtrouter"
+
+    @property
+    def mtrouter_manifests(self) -> Path:
+        return self.mtrouter_reports / "stages"

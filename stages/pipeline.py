@@ -1,0 +1,161 @@
+"""The main pipeline's trajectory stages: materialise → collect → reprice → validate → evaluate.
+
+Each stage is `stage(params, layout, *inputs) -> outputs`: it reads only the paths it is given,
+writes its outputs atomically under the Layout, and leaves a manifest (params, metrics, input and
+output hashes) that the track stage turns into one MLflow run per stage. `routerops stage NAME`
+(what dvc.yaml runs) and the Prefect tasks call these same functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from routerops import schema
+from routerops.config import Params
+from routerops.envs.qa import QAEnvironment
+from routerops.envs.suites import materialise_suites, read_tasks, write_tasks
+from routerops.errors import InputError
+from routerops.layout import Layout, Trajectories
+from routerops.policies import SINGLE, behaviour_policies, policies_by_name
+from routerops.pricing import check_pool_priced, derive_costs, load_pool, load_price_book
+from routerops.report import breakdown_by_split, evaluate_policies, write_report
+from routerops.rollout import collect_sync
+from routerops.validation import validate_trajectories, write_validation_report
+from routerops.workers import build_workers
+from routerops.workers.server import local_llm_server
+from stages.manifest import write_manifest
+
+
+def materialise(params: Params, layout: Layout) -> Path:
+    """Generate the procedural QA suites (fixed seeds; one family held out as OOD)."""
+    cfg = params.materialise
+    tasks = materialise_suites(
+        families=list(cfg.families),
+        ood_families=list(cfg.ood_families),
+        sizes={"train": cfg.train, "val": cfg.val, "test": cfg.test, "ood": cfg.ood},
+        seed=cfg.seed,
+    )
+    write_tasks(tasks, layout.tasks)
+    counts = pd.Series([t.split for t in tasks]).value_counts().to_dict()
+    write_manifest(layout.manifests, "materialise", cfg, [], [layout.tasks],
+                   {f"tasks_{k}": int(v) for k, v in counts.items()})
+    return layout.tasks
+
+
+def collection_run_id(params: Params, layout: Layout, tasks: Path) -> str:
+    """Same inputs → same run id → same episode ids, so a rerun resumes instead of duplicating."""
+    h = hashlib.sha256()
+    for path in (tasks, layout.resolve(params.pool.file), layout.resolve(params.collect.price_book)):
+        h.update(schema.file_sha256(path).encode())
+    h.update(json.dumps(dataclasses.asdict(params.collect), sort_keys=True).encode())
+    return h.hexdigest()[:12]
+
+
+def collection_plan(params: Params, pool, tasks: list) -> list[tuple[str, list, list]]:
+    """(label, tasks, policies) per part of the collection.
+
+    train: the random behaviour routers (with their propensities) and every single (worker,
+    primitive), whose episodes are the logged-outcome grid routers are fit on; val: the single
+    workers only, the grid the promotion gate judges on; the evaluation splits (test, OOD): every
+    behaviour policy, for the leaderboard. No router ever trains on val, test or OOD tasks.
+    """
+    cfg = params.collect
+    every = behaviour_policies(pool, seed=cfg.seed, stop_prob=cfg.stop_prob)
+    singles = policies_by_name([SINGLE], pool, seed=cfg.seed, stop_prob=cfg.stop_prob)
+    behaviour = [p for p in every if p.name in cfg.train_policies]
+    by_split = {split: [t for t in tasks if t.split == split] for split in ("train", "val")}
+    evaluation = [t for t in tasks if t.split in params.evaluate.splits]
+    return [("train", by_split["train"], behaviour + singles), ("val", by_split["val"], singles),
+            ("eval", evaluation, every)]
+
+
+def collect(params: Params, layout: Layout, tasks: Path) -> Trajectories:
+    """Run the collection plan against the pool; starts the local LLM server when the pool uses it."""
+    cfg = params.collect
+    pool_file, book_file = layout.resolve(params.pool.file), layout.resolve(cfg.price_book)
+    pool, book = load_pool(pool_file), load_price_book(book_file)
+    check_pool_priced(pool, book, book_file)
+    run_id = collection_run_id(params, layout, tasks)
+    uses_local = any(w.kind == "llm" and w.endpoint == "local" for w in pool.workers)
+    server = local_llm_server(n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) if uses_local else None
+    with server or contextlib.nullcontext() as base_url:
+        common = dict(env=QAEnvironment(), workers=build_workers(pool, base_url), book=book, budget_usd=cfg.budget_usd,
+                      turn_limit=cfg.turn_limit, run_id=run_id, seed=cfg.seed, concurrency=cfg.concurrency)
+        parts = [collect_sync(part, policies, out_dir=layout.journals / run_id / label, **common)
+                 for label, part, policies in collection_plan(params, pool, read_tasks(tasks)) if part]
+    episodes = pd.concat([ep for ep, _ in parts], ignore_index=True)
+    turns = pd.concat([tu for _, tu in parts], ignore_index=True)
+    raw = layout.raw
+    schema.write_table(episodes, raw.episodes, "episodes")
+    schema.write_table(turns, raw.turns, "turns")
+    metrics = {"episodes": len(episodes), "turns": len(turns), "errors": int((episodes.ended_by == "error").sum()),
+               "prompt_tokens": int(turns.prompt_tokens.sum()), "completion_tokens": int(turns.completion_tokens.sum())}
+    write_manifest(layout.manifests, "collect", cfg, [tasks, pool_file, book_file], raw.paths(), metrics)
+    return raw
+
+
+def reprice_tables(episodes: pd.DataFrame, turns: pd.DataFrame, book) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Recompute every turn's and episode's cost from tokens under `book`; no call is made."""
+    turns = turns.copy()
+    episodes = episodes.copy()
+    turns["cost_usd"] = derive_costs(turns, book).to_numpy() if len(turns) else []
+    per_episode = turns.groupby("episode_id")["cost_usd"].sum()
+    episodes["cost_usd"] = episodes["episode_id"].map(per_episode).fillna(0.0).to_numpy()
+    episodes["price_book_version"] = book.version
+    return episodes, turns
+
+
+def reprice(params: Params, layout: Layout, raw: Trajectories) -> Trajectories:
+    """Re-price the raw trajectories under the evaluation price book."""
+    pool_file, book_file = layout.resolve(params.pool.file), layout.resolve(params.reprice.price_book)
+    book = load_price_book(book_file)
+    check_pool_priced(load_pool(pool_file), book, book_file)
+    episodes, turns = reprice_tables(schema.read_table(raw.episodes, "episodes"),
+                                     schema.read_table(raw.turns, "turns"), book)
+    priced = layout.priced
+    schema.write_table(episodes, priced.episodes, "episodes")
+    schema.write_table(turns, priced.turns, "turns")
+    write_manifest(layout.manifests, "reprice", params.reprice, raw.paths() + [book_file], priced.paths(),
+                   {"usd_total": float(episodes.cost_usd.sum())})
+    return priced
+
+
+def validate(params: Params, layout: Layout, priced: Trajectories) -> Path:
+    """Great-expectations checks on the priced tables; raises when any expectation fails."""
+    pool = load_pool(layout.resolve(params.pool.file))
+    book = load_price_book(layout.resolve(params.reprice.price_book))
+    episodes = schema.read_table(priced.episodes, "episodes")
+    turns = schema.read_table(priced.turns, "turns")
+    report = validate_trajectories(episodes, turns, pool, book)
+    write_validation_report(report, layout.validation)
+    write_manifest(layout.manifests, "validate", {}, priced.paths(), [layout.validation],
+                   {"passed": float(report.passed)})
+    if not report.passed:
+        first = report.failures()[0]
+        raise InputError(priced.folder / f"{first.table}.parquet", first.column,
+                         f"{len(report.failures())} check(s) failed, first {first.check}; see {layout.validation}")
+    return layout.validation
+
+
+def evaluate(params: Params, layout: Layout, priced: Trajectories, validation: Path) -> dict[str, Path]:
+    """Leaderboard of every behaviour policy on the evaluation splits, with the accuracy–cost plot.
+    `validation` is the passed report: evaluation never reads data that failed its checks."""
+    if not json.loads(Path(validation).read_text()).get("passed", False):
+        raise InputError(validation, "passed", "the trajectories failed validation; not evaluating them")
+    episodes = schema.read_table(priced.episodes, "episodes")
+    turns = schema.read_table(priced.turns, "turns")
+    scored = episodes[episodes.split.isin(params.evaluate.splits)]
+    singles = sorted(p for p in scored.policy.unique() if p.startswith(SINGLE + "/"))
+    leaderboard = evaluate_policies(scored, turns, single_workers=singles, n_boot=params.evaluate.bootstrap,
+                                    seed=params.evaluate.seed)
+    paths = write_report(leaderboard, breakdown_by_split(scored, turns), layout.eval_dir)
+    metrics = json.loads(Path(paths["metrics"]).read_text())
+    write_manifest(layout.manifests, "evaluate", params.evaluate, priced.paths(), list(paths.values()), metrics,
+                   artifacts=[paths["plot"], paths["leaderboard_md"]])
+    return paths

@@ -1,0 +1,27 @@
+"""The track stages: every stage manifest of a pipeline run → one MLflow parent run, one nested run
+per stage (params, metrics, input and output hashes, artifacts, git commit)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evaluation.tracking import log_pipeline_runs
+from routerops import schema
+from routerops.config import Params
+from routerops.layout import Layout
+
+PIPELINE_STAGES = ["materialise", "collect", "reprice", "validate", "evaluate", "grid", "routers", "register", "replay"]
+MTROUTER_STAGES = ["mt-collect", "mt-ablation", "mt-evaluate", "mt-analyses", "mt-register"]
+
+
+def track(params: Params, layout: Layout, *upstream: Path) -> Path:
+    """Log the main pipeline's manifests; `upstream` are the last stages' outputs (ordering only)."""
+    run_ids = log_pipeline_runs(params.track, layout.manifests, PIPELINE_STAGES)
+    return schema.write_json_atomic(run_ids, layout.mlflow_runs)
+
+
+def mtrouter_track(run, layout: Layout, registry: Path) -> Path:
+    """Log the MTRouter pipeline's manifests under one `mtrouter` parent run (one nested run per
+    ablation); `registry` is the register stage's report (ordering only)."""
+    run_ids = log_pipeline_runs(run.track, layout.mtrouter_manifests, MTROUTER_STAGES, run_name="mtrouter")
+    return schema.write_json_atomic(run_ids, layout.mtrouter_reports / "mlflow_runs.json")
