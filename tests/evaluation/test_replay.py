@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import numpy as np
@@ -179,7 +181,10 @@ def price_book(path: Path, dear_output: float) -> Path:
 
 def test_cli_reprices_without_touching_accuracy(tmp_path, monkeypatch):
     from routerops.envs.replay import write_logged_outcomes
-    from evaluation.replay import main
+    from stages.cli import main as cli
+
+    def main(argv):
+        return cli(["replay", *argv])
 
     monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
     table = write_logged_outcomes(long_table(), tmp_path / "toy.parquet")
@@ -216,3 +221,58 @@ def test_a_cascades_apgr_score_reads_only_the_cheap_workers_answer(pair):
     altered[:, 1] = 1 - altered[:, 1]  # w1 is the dear worker: the cascade has not seen its answer
     np.testing.assert_array_equal(strong_call_score(q, pair, cascade), strong_call_score(altered, pair, cascade))
     np.testing.assert_array_equal(strong_call_score(q, pair), q[:, 1] - q[:, 0])
+
+
+class SeenRouter(RandomRouter):
+    """A random router that remembers every query id it was fitted on."""
+
+    seen: list[str] = []
+
+    def fit(self, data):
+        SeenRouter.seen.extend(data.query_ids)
+        return super().fit(data)
+
+
+def test_replay_cli_fits_on_the_train_split_only_and_says_so(tmp_path, monkeypatch):
+    from routerops.envs.replay import write_logged_outcomes
+    from models import registry
+    from stages.cli import main as cli
+
+    monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setitem(registry.ROUTER_FACTORIES, "recording", lambda seed: SeenRouter(seed=seed))
+    SeenRouter.seen = []
+    frame = long_table(40)
+    frame["split"] = np.where(frame.query_id.str.split("/").str[1].astype(int) < 24, "train", "test")
+    table = write_logged_outcomes(frame, tmp_path / "split.parquet")
+    out = tmp_path / "board.csv"
+    assert cli(["replay", "--table", str(table), "--prices", str(price_book(tmp_path / "p.yaml", 15.0)),
+                "--split-column", "split", "--routers", "recording", "oracle", "--seeds", "0", "1",
+                "--bootstrap", "0", "--out", str(out)]) == 0
+    train_ids = set(frame[frame.split == "train"].query_id)
+    assert SeenRouter.seen and set(SeenRouter.seen) <= train_ids
+    board = pd.read_csv(out)
+    assert board.protocol.str.startswith("fixed split: fit on split=train").all()
+    meta = json.loads(out.with_suffix(".meta.json").read_text())
+    assert meta["n_queries"] == 16 and meta["n_train_queries"] == 24
+
+
+def test_replay_cli_fits_on_another_table_and_refuses_overlap(tmp_path, monkeypatch):
+    from routerops.envs.replay import write_logged_outcomes
+    from models import registry
+    from stages.cli import main as cli
+
+    monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setitem(registry.ROUTER_FACTORIES, "recording", lambda seed: SeenRouter(seed=seed))
+    SeenRouter.seen = []
+    frame = long_table(40)
+    ids = frame.query_id.str.split("/").str[1].astype(int)
+    other = write_logged_outcomes(frame[ids < 25].assign(dataset="other"), tmp_path / "other.parquet")
+    scored = write_logged_outcomes(frame[ids >= 25], tmp_path / "scored.parquet")
+    prices = str(price_book(tmp_path / "p.yaml", 15.0))
+    out = tmp_path / "board.csv"
+    common = ["--prices", prices, "--routers", "recording", "--seeds", "0", "--bootstrap", "0", "--out", str(out)]
+    assert cli(["replay", "--train-table", str(other), "--table", str(scored), *common]) == 0
+    assert set(SeenRouter.seen) == set(frame[ids < 25].query_id)
+    assert pd.read_csv(out).protocol.str.startswith(f"fit on {other}").all()
+    # The same table on both sides would score routers on their own training queries: refused.
+    assert cli(["replay", "--train-table", str(other), "--table", str(other), *common]) == 2

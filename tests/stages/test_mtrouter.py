@@ -12,7 +12,7 @@ from stages.mtrouter import check_run, estimator_config, load_run
 from routerops.envs.scienceworld_env import SCIENCEWORLD_ID_TYPES, SCIENCEWORLD_OOD_TYPES
 from routerops.errors import InputError
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "configs/paper/mtrouter.yaml"
 
 

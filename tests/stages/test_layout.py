@@ -1,0 +1,40 @@
+"""One stage layer: every DVC stage runs `routerops stage NAME`, every name is a registered stage,
+and the paths dvc.yaml declares are the ones the Layout gives the stages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from routerops.layout import Layout
+from stages import STAGES
+
+ROOT = Path(__file__).resolve().parents[2]
+DVC_FILES = [ROOT / "dvc.yaml", ROOT / "pipelines/mtrouter/dvc.yaml"]
+
+
+def declared(entries) -> set[str]:
+    return {next(iter(e)) if isinstance(e, dict) else e for e in entries or []}
+
+
+def test_every_dvc_stage_is_routerops_stage_name():
+    names = []
+    for path in DVC_FILES:
+        for name, stage in yaml.safe_load(path.read_text())["stages"].items():
+            assert stage["cmd"] == f"routerops stage {name}", (path, name)
+            names.append(name)
+    assert sorted(names) == sorted(STAGES)
+
+
+def test_dvc_outputs_are_layout_paths():
+    layout = Layout(Path("."))
+    known = {str(p) for p in [layout.tasks, *layout.raw.paths(), *layout.priced.paths(), layout.grid, layout.validation,
+                              layout.registry_report, layout.mlflow_runs, layout.replay_table,
+                              layout.mtrouter_tasks, layout.mtrouter_train.folder, layout.mtrouter_eval.folder,
+                              layout.mtrouter_routers]}
+    dirs = [str(p) for p in (layout.eval_dir, layout.routers_dir, layout.replay_dir, layout.mtrouter_reports)]
+    for path in DVC_FILES:
+        for stage in yaml.safe_load(path.read_text())["stages"].values():
+            for out in declared(stage.get("outs")) | declared(stage.get("metrics")):
+                assert out in known or any(out.startswith(d + "/") for d in dirs), out
