@@ -20,7 +20,6 @@ export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXA
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
 .PHONY: install demo test test-fast mlflow-ui benchmarks replay mtrouter clean
-SHARED ?= ../shared/data
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,10 +43,10 @@ mlflow-ui: install
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow/mlflow.db \
 		--default-artifact-root mlflow/artifacts --host 127.0.0.1 --port $${MLFLOW_PORT:-5000}
 
-# RouteLLM's GSM8K logged outcomes (needs ../shared/data, or SHARED=<folder>): every router, cross-fitted.
+# RouteLLM's GSM8K logged outcomes (bundled in datasets/): every router, MTRouter included, cross-fitted.
 replay: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" routerops import-routellm --csv $(SHARED)/routellm/gsm8k_responses.csv \
-		--contaminated $(SHARED)/routellm/gsm8k_contaminated_prompts.jsonl --train $(SHARED)/gsm8k/train.jsonl \
+	PATH="$(CURDIR)/$(BIN):$$PATH" routerops import-routellm --csv datasets/routellm/gsm8k_responses.csv \
+		--contaminated datasets/routellm/gsm8k_contaminated_prompts.jsonl --train datasets/gsm8k/train_first8.jsonl \
 		--out data/replay/routellm_gsm8k.parquet
 	PATH="$(CURDIR)/$(BIN):$$PATH" routerops replay --table data/replay/routellm_gsm8k.parquet \
 		--prices configs/prices/routellm-2024.yaml --out reports/replay/routellm_gsm8k.csv

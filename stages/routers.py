@@ -80,7 +80,7 @@ def routers(params: Params, layout: Layout, grid_path: Path) -> dict[str, Path]:
 
 def write_router_report(boards: list[pd.DataFrame], out_dir: Path, n_train: int) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    board = pd.concat(boards, ignore_index=True)
+    board = pd.concat([without_attrs(b) for b in boards], ignore_index=True)
     curves = pd.concat([b.attrs["curves"] for b in boards], ignore_index=True)
     paths = {"leaderboard": out_dir / "leaderboard.csv", "leaderboard_md": out_dir / "leaderboard.md",
              "curves": out_dir / "curves.csv", "meta": out_dir / "meta.json"}
@@ -96,6 +96,13 @@ def write_router_report(boards: list[pd.DataFrame], out_dir: Path, n_train: int)
                                        title=f"Routers fit on train, scored on {first.split.iloc[0]} "
                                              f"({first.attrs['n_queries']} queries)")
     return paths
+
+
+def without_attrs(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy without .attrs (pandas compares attrs on concat, and ours hold DataFrames)."""
+    plain = frame.copy()
+    plain.attrs = {}
+    return plain
 
 
 def choose_family(train: RoutingData, candidates: list[str], k: int, seed: int) -> tuple[str, pd.DataFrame]:

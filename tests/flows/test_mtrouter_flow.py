@@ -60,7 +60,7 @@ def test_mtrouter_flow_end_to_end(workdir):
     from flows.mtrouter import mtrouter_flow
 
     with prefect_test_harness(server_startup_timeout=300):
-        result = mtrouter_flow(params_file="params.yaml")
+        run_ids = json.loads(mtrouter_flow(params_file="params.yaml").read_text())
 
     report = workdir / "reports/mtrouter"
     ablations = (report / "ablations.md").read_text()
@@ -76,19 +76,19 @@ def test_mtrouter_flow_end_to_end(workdir):
     assert turns.groupby("episode_id").turn_index.max().max() <= 1  # turn limit 2
 
     registry = json.loads((report / "registry.json").read_text())
-    assert registry == result["registered"] and registry["name"] == "mtrouter-scienceworld"
+    assert registry["name"] == "mtrouter-scienceworld"
     decision = registry["decision"]
     assert decision["promote"] and "no current champion" in decision["reason"]
     evaluated = pd.read_parquet(workdir / "data/mtrouter/eval/episodes.parquet")
     id_test = evaluated.query("policy == 'mtrouter' and split == 'test'")
     assert decision["candidate_score"] == pytest.approx(id_test.score.mean())
-    assert sorted(decision["evidence"]["test_tasks"]) == sorted(id_test.task_id)
+    assert sorted(decision["evidence"]["gate_ids"]) == sorted(id_test.task_id)
 
     runs = mlflow.search_runs(experiment_names=["mtrouter-flow-test"])
-    parent = result["parent_run_id"]
-    children = runs[runs["tags.mlflow.parentRunId"] == parent]
-    assert {"ablation:full", "ablation:ridge", "evaluation", "register mtrouter-scienceworld",
-            "promotion-gate mtrouter-scienceworld v1"} <= set(children["tags.mlflow.runName"])
+    children = runs[runs["tags.mlflow.parentRunId"] == run_ids["pipeline"]]
+    assert {"mt-collect", "mt-ablation:full", "mt-ablation:ridge", "mt-evaluate", "mt-analyses",
+            "mt-register"} <= set(children["tags.mlflow.runName"])
+    assert {"register mtrouter-scienceworld", "promotion-gate mtrouter-scienceworld v1"} <= set(runs["tags.mlflow.runName"])
 
     client = mlflow.MlflowClient()
     champion = client.get_model_version_by_alias("mtrouter-scienceworld", "champion")
@@ -112,14 +112,13 @@ def test_mtrouter_flow_end_to_end(workdir):
     pd.testing.assert_frame_equal(served, local)
 
     # Registering again gates against v1, rolled out on the same ID-test tasks: a tie keeps v1.
-    from models.mtrouter import pipeline as mt
-    from tasks.mtrouter import register_task
+    from stages import run_stage
 
-    again = register_task.fn(mt.load_run("params.yaml"), read_tasks(workdir / "data/mtrouter/tasks.jsonl"), parent)
+    again = json.loads(run_stage("mtrouter-register").read_text())
     evidence = again["decision"]["evidence"]
     assert again["version"] == "2" and evidence["champion_version"] == "1"
-    assert evidence["test_tasks"] == sorted(id_test.task_id) and len(evidence["champion_scores"]) == len(id_test)
-    assert (workdir / "data/mtrouter/gate/mtrouter-scienceworld-v1/episodes.parquet").is_file()
+    assert sorted(evidence["gate_ids"]) == sorted(id_test.task_id) and len(evidence["champion_scores"]) == len(id_test)
+    assert (workdir / ".routerops/mtrouter/gate/mtrouter-scienceworld-v1/episodes.parquet").is_file()
     if evidence["champion_scores"] == evidence["candidate_scores"]:
         assert not again["decision"]["promote"]
     now = client.get_model_version_by_alias("mtrouter-scienceworld", "champion")
