@@ -15,6 +15,7 @@ router names through `models.baselines.make_router` unless factories are given.
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,16 +218,24 @@ def single_worker_reference(data: RoutingData) -> tuple[tuple[float, float], flo
 
 
 def evaluate_router(name: str, factory: RouterFactory, data: RoutingData, k: int = 5,
-                    seeds: Sequence[int] = (0, 1, 2), n_boot: int = 1000) -> tuple[dict, pd.DataFrame]:
+                    seeds: Sequence[int] = (0, 1, 2), n_boot: int = 1000,
+                    timings: dict | None = None) -> tuple[dict, pd.DataFrame]:
     """Cross-fit `factory` once per seed; the leaderboard row (means over seeds, the spread of APGR and
-    AIQ across seeds, bootstrap intervals from the first seed) and the first seed's curve."""
+    AIQ across seeds, bootstrap intervals from the first seed) and the first seed's curve.
+    `timings`, when given, receives the seconds spent cross-fitting (fits and scoring), sweeping the
+    knob and bootstrapping (benchmarks/replay_scale.py reads them)."""
     best, target = single_worker_reference(data)
     runs, first = [], None
+    clock = {"fit_score_s": 0.0, "sweep_s": 0.0, "bootstrap_s": 0.0}
     for seed in seeds:
+        start = time.perf_counter()
         quality = cross_fit(data, factory, k=k, seed=seed)
+        clock["fit_score_s"] += time.perf_counter() - start
+        start = time.perf_counter()
         router = _build(factory, seed)
         ops = operating_points(router, quality, data)
         runs.append(curve_summary(router, ops, data, quality, best, target))
+        clock["sweep_s"] += time.perf_counter() - start
         if first is None:
             first = (router, ops, quality)
     router, ops, quality = first
@@ -235,7 +244,11 @@ def evaluate_router(name: str, factory: RouterFactory, data: RoutingData, k: int
         if key in runs[0]:
             row[f"{key}_seed_std"] = float(np.std([r[key] for r in runs]))
     if n_boot:
+        start = time.perf_counter()
         row.update(bootstrap_intervals(router, ops, data, quality, n_boot, seeds[0]))
+        clock["bootstrap_s"] += time.perf_counter() - start
+    if timings is not None:
+        timings.update(clock)
     row["seeds"] = len(seeds)
     curve = sweep(router, quality, data, ops.knobs).assign(router=name)
     return row, curve
@@ -322,11 +335,14 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
 
     from models.baselines import make_router
 
+    timings: dict = {"embedding_s": 0.0, "routers": {}}
     if isinstance(table, RoutingData):
         data, book_version = table, None
     else:
         book = price_book if isinstance(price_book, PriceBook) else load_price_book(price_book)
+        start = time.perf_counter()
         data, book_version = routing_data_from_table(table, book, encoder), book.version
+        timings["embedding_s"] = time.perf_counter() - start
     factories = {**default_factories(), **(factories or {})}
     names = ([f"single:{w}" for w in data.workers] if include_singles else []) + list(routers)
     rows, curves = [], []
@@ -335,8 +351,9 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
         single = name.startswith("single:")
         stochastic = not (single or name in single_seed)
         # A single worker has one operating point: no curve whose area a resample could vary.
+        timings["routers"][name] = {}
         row, curve = evaluate_router(name, factory, data, k=k, seeds=seeds if stochastic else seeds[:1],
-                                     n_boot=0 if single else n_boot)
+                                     n_boot=0 if single else n_boot, timings=timings["routers"][name])
         rows.append(row)
         curves.append(curve)
     board = pd.DataFrame(rows).sort_values("aiq", ascending=False, kind="mergesort").reset_index(drop=True)
@@ -345,6 +362,7 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
     board.attrs["workers"] = list(data.workers)
     board.attrs["price_book"] = book_version
     board.attrs["k"], board.attrs["seeds"] = k, list(seeds)
+    board.attrs["timings"] = timings  # seconds: embedding the table, then per router (evaluate_router)
     return board
 
 
