@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,18 +233,25 @@ def fit_then_score(train: RoutingData, data: RoutingData, router_factory, seed: 
 
 def evaluate_router(name: str, factory: RouterFactory, data: RoutingData, k: int = 5,
                     seeds: Sequence[int] = (0, 1, 2), n_boot: int = 1000,
-                    train: RoutingData | None = None) -> tuple[dict, pd.DataFrame]:
+                    train: RoutingData | None = None, timings: dict | None = None) -> tuple[dict, pd.DataFrame]:
     """The leaderboard row (means over seeds, the spread of APGR and AIQ across seeds, bootstrap
     intervals from the first seed) and the first seed's curve of `factory` on `data`: fitted on `train`
-    when given (fixed split), else cross-fitted on `data` with k folds."""
+    when given (fixed split), else cross-fitted on `data` with k folds. `timings`, when given, receives
+    the seconds spent fitting and scoring, sweeping the knob and bootstrapping
+    (benchmarks/replay_scale.py reads them)."""
     best, target = single_worker_reference(data)
     runs, first = [], None
+    clock = {"fit_score_s": 0.0, "sweep_s": 0.0, "bootstrap_s": 0.0}
     for seed in seeds:
+        start = time.perf_counter()
         quality = (cross_fit(data, factory, k=k, seed=seed) if train is None
                    else fit_then_score(train, data, factory, seed))
+        clock["fit_score_s"] += time.perf_counter() - start
+        start = time.perf_counter()
         router = _build(factory, seed)
         ops = operating_points(router, quality, data)
         runs.append(curve_summary(router, ops, data, quality, best, target))
+        clock["sweep_s"] += time.perf_counter() - start
         if first is None:
             first = (router, ops, quality)
     router, ops, quality = first
@@ -252,7 +260,11 @@ def evaluate_router(name: str, factory: RouterFactory, data: RoutingData, k: int
         if key in runs[0]:
             row[f"{key}_seed_std"] = float(np.std([r[key] for r in runs]))
     if n_boot:
+        start = time.perf_counter()
         row.update(bootstrap_intervals(router, ops, data, quality, n_boot, seeds[0]))
+        clock["bootstrap_s"] += time.perf_counter() - start
+    if timings is not None:
+        timings.update(clock)
     row["seeds"] = len(seeds)
     curve = sweep(router, quality, data, ops.knobs).assign(router=name)
     return row, curve
@@ -354,10 +366,13 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
     Routers named in `single_seed` are deterministic given their folds (or slow: an LLM per query)
     and run with the first seed only.
     """
+    timings: dict = {"embedding_s": 0.0, "routers": {}}
     book = None if price_book is None or isinstance(price_book, PriceBook) else load_price_book(price_book)
     book = price_book if isinstance(price_book, PriceBook) else book
+    start = time.perf_counter()
     data = _as_routing_data(table, book, encoder)
     train_data = None if train is None else _as_routing_data(train, book, encoder)
+    timings["embedding_s"] = time.perf_counter() - start
     if train_data is not None:
         check_disjoint(train_data, data)
     protocol = protocol or (f"cross-fit k={k}" if train_data is None else "fixed split: fit on train, scored here")
@@ -369,8 +384,10 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
         single = name.startswith("single:")
         stochastic = not (single or name in single_seed)
         # A single worker has one operating point: no curve whose area a resample could vary.
+        timings["routers"][name] = {}
         row, curve = evaluate_router(name, factory, data, k=k, seeds=seeds if stochastic else seeds[:1],
-                                     n_boot=0 if single else n_boot, train=train_data)
+                                     n_boot=0 if single else n_boot, train=train_data,
+                                     timings=timings["routers"][name])
         rows.append({**row, "protocol": protocol})
         curves.append(curve)
     board = pd.DataFrame(rows).sort_values("aiq", ascending=False, kind="mergesort").reset_index(drop=True)
@@ -381,4 +398,5 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
     board.attrs["k"], board.attrs["seeds"] = k, list(seeds)
     board.attrs["protocol"] = protocol
     board.attrs["n_train_queries"] = None if train_data is None else len(train_data)
+    board.attrs["timings"] = timings  # seconds: embedding the table, then per router (evaluate_router)
     return board

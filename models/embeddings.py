@@ -7,11 +7,15 @@ Vectors are L2-normalised float32, so a dot product is the cosine similarity the
 The cache is one SQLite file keyed by sha256(model id, text): safe under concurrent readers, survives
 crashes (each batch is one transaction), and a cached run does not even load the model.
 
-Backends (`ENCODER_BACKENDS`): "torch" runs the sentence-transformers model as is; "torch-int8" with its
-Linear layers dynamically quantised to int8; "onnx" / "onnx-int8" run an ONNX export of the same
-weights in ONNX Runtime (attention and layer norms fused; int8: weights quantised per output channel,
-activations per call, VNNI kernels). Exports are cached on disk keyed by the model files' content.
-Non-torch backends are part of the model id, so vectors from different backends never share a key.
+Backends (`ENCODER_BACKENDS`, each described by a `BackendSpec` in `BACKENDS`): "torch" runs the
+sentence-transformers model as is; "torch-int8" with its Linear layers dynamically quantised to int8;
+"onnx" / "onnx-int8" run an ONNX export of the same weights in ONNX Runtime (attention and layer norms
+fused; int8: 7-bit weights per output channel, activations per call). Exports are cached on disk keyed
+by the model files' content. Non-torch backends (and their recipe) are part of the model id, so vectors
+from different backends never share a key.
+
+Within a process, every SentenceEncoder with the same model id and sequence length shares one memo of
+vectors (`shared_vectors()`): routers, folds and seeds of a replay run embed each distinct text once.
 """
 
 from __future__ import annotations
@@ -19,10 +23,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 import tempfile
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,10 +39,57 @@ from routerops.errors import InputError
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 CACHE_ENV = "ROUTEROPS_CACHE_DIR"
-ENCODER_BACKENDS = ("torch", "torch-int8", "onnx", "onnx-int8")
-# Bump when the export recipe or the way a backend embeds changes: it is in both the export cache
-# key and the model id of non-torch backends, so neither old exports nor old vectors are reused.
+# Bump when the fp32 export recipe changes: it is in the export cache key and, through
+# BackendSpec.recipe, in the model id of non-torch backends, so neither old exports nor old vectors
+# are reused.
 BACKEND_RECIPE = 2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """What a backend guarantees, measured rather than assumed (benchmarks/encoder_fidelity.py).
+
+    min_cosine: the lowest cosine to the fp32 torch vector of the same text that the backend promises
+    on any x86-64 CPU with AVX2, VNNI or not; tests and the fidelity benchmark check it. batchable: a
+    text's vector does not depend on the texts it is batched with (beyond float rounding, which
+    BATCH_ATOL bounds), so bulk embedding may batch; otherwise each text is embedded alone.
+    recipe: the version in the backend's model id; bump it when the backend's numbers change.
+    """
+
+    name: str
+    min_cosine: float
+    batchable: bool
+    recipe: int
+
+
+# min_cosine: worst cosine to torch fp32 measured on 200 GSM8K questions plus the fidelity test's
+# texts, on an AVX2-only EPYC (no AVX-512, no VNNI), with margin:
+# - onnx: the same fp32 graph; differences are float rounding (worst 0.99999988), on any CPU.
+# - onnx-int8: 7-bit weights (reduce_range) so AVX2's u8·s8 pair sums (vpmaddubsw, int16) cannot
+#   saturate: the integer products are then exact on AVX2, AVX-512 and VNNI kernels alike, and only
+#   the quantisation error remains: worst 0.978 (the two-token "ok"), mean 0.9934. With 8-bit weights
+#   the same CPU gave 0.964 on "ok" (VNNI: 0.98+): vectors, and decisions, depended on the machine.
+# - torch-int8: fbgemm's 7-bit activations; the two-token "ok" is its worst case (0.916).
+BACKENDS: dict[str, BackendSpec] = {
+    "torch": BackendSpec("torch", 1.0 - 1e-6, True, 0),
+    "torch-int8": BackendSpec("torch-int8", 0.90, False, BACKEND_RECIPE),
+    "onnx": BackendSpec("onnx", 0.9999, True, BACKEND_RECIPE),
+    "onnx-int8": BackendSpec("onnx-int8", 0.97, False, 3),
+}
+ENCODER_BACKENDS = tuple(BACKENDS)
+# The encoder every router shares by default (baselines' query vectors and MTRouter's φ). int8 over
+# fp32 ONNX for speed: on 230-token prompts, 2 threads of this EPYC, 33–46 ms per text vs 96 ms for
+# fp32 ONNX (best batch) and 95 ms for torch fp32; a 14k-query table is then ~8 minutes, not ~22.
+DEFAULT_BACKEND = "onnx-int8"
+# Tokens kept per text by the shared encoder: MTRouter's history budget is clipped to MiniLM's 512
+# positions, and the baselines read the same vectors, so they see the same 512 tokens.
+DEFAULT_MAX_SEQ = 512
+# A text's vector embedded in a padded, length-sorted batch vs alone, fp32 backends: largest absolute
+# difference per coordinate (unit vectors). Padding changes the GEMM shapes and so the summation
+# order; measured ≤ 2e-7 on MiniLM. Routing decisions compare scores that differ by far more.
+BATCH_ATOL = 1e-5
 
 
 def bundled_minilm_path() -> Path:
@@ -97,6 +152,70 @@ class EmbeddingCache:
             return con.execute("SELECT COUNT(*) FROM vectors").fetchone()[0]
 
 
+class VectorMemo:
+    """key → vector in memory, least recently used dropped beyond `max_items`; thread-safe.
+
+    One per process (shared_vectors()): the baselines' query embeddings and MTRouter's history
+    encoder ask for the same (model, length, text) keys, so a replay run embeds each text once.
+    """
+
+    def __init__(self, max_items: int = 200_000):
+        self.max_items = int(max_items)
+        self._items: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        with self._lock:
+            found = {k: self._items[k] for k in keys if k in self._items}
+            for k in found:
+                self._items.move_to_end(k)
+            return found
+
+    def put_many(self, items: dict[str, np.ndarray]) -> None:
+        with self._lock:
+            for k, v in items.items():
+                self._items[k] = v
+                self._items.move_to_end(k)
+            while len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+_MEMO = VectorMemo()
+
+
+def shared_vectors() -> VectorMemo:
+    """The process-wide vector memo every SentenceEncoder reads and fills (200k MiniLM vectors: 300 MB)."""
+    return _MEMO
+
+
+def cpu_flags() -> dict:
+    """The CPU a vector was computed on: model name and the SIMD extensions that change int8 and fp32
+    kernels (AVX2, AVX-512, VNNI), from /proc/cpuinfo; empty flags where that file does not exist."""
+    import platform
+
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    return {
+        "model_name": fields.get("model name", platform.processor() or platform.machine()),
+        "logical_cpus": os.cpu_count(),
+        "avx2": "avx2" in flags,
+        "fma": "fma" in flags,
+        "avx512": sorted(f for f in flags if f.startswith("avx512")),
+        "avx_vnni": "avx_vnni" in flags,
+        "avx512_vnni": "avx512_vnni" in flags,
+        "amx": sorted(f for f in flags if f.startswith("amx")),
+    }
+
+
 class SentenceEncoder:
     """encode(texts) → (n, d) float32, L2-normalised; cached on disk by (model id, text).
 
@@ -124,17 +243,23 @@ class SentenceEncoder:
         if backend != "torch" and device != "cpu":
             raise InputError("SentenceEncoder", "backend", f"{backend!r} runs on the CPU only, not {device!r}")
         self.backend = backend
+        self.spec = BACKENDS[backend]
         self.max_seq_length = max_seq_length
         base_id = DEFAULT_MODEL_ID if model_path is None else str(self.model_path.resolve())
         # "torch" keeps the model id (and so the cache keys) it had before backends existed.
-        self.model_id = base_id if backend == "torch" else f"{base_id}|{backend}@{BACKEND_RECIPE}"
+        self.model_id = base_id if backend == "torch" else f"{base_id}|{backend}@{self.spec.recipe}"
+        # The model id leaves out the sequence length (ids written before it mattered stay valid);
+        # the vector caches must not: a text cut at 256 tokens is not the text cut at 512.
+        self.cache_id = self.model_id if max_seq_length is None else f"{self.model_id}|max_seq={int(max_seq_length)}"
         # int8 backends quantise activations with one scale per call, taken over the whole padded
         # batch: a short text batched with a long one drifts (cosine 0.969 vs 0.994 alone). One text
         # per call makes a vector a function of its text alone, as routing (batch of one) sees it.
-        self.batch_size = 1 if backend.endswith("int8") else batch_size
+        self.batch_size = batch_size if self.spec.batchable else 1
         self.device = device
         self.cache_dir = Path(cache_dir or default_cache_dir())
         self.cache = EmbeddingCache(self.cache_dir / "embeddings.sqlite") if use_cache else None
+        self.memo = shared_vectors()
+        self.embedded = 0  # texts this instance ran through the model (cache and memo misses)
         self._model = None
         self._onnx = None
 
@@ -176,19 +301,26 @@ class SentenceEncoder:
         return np.asarray(vecs, dtype=np.float32)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """Vectors from the process-wide memo, then the disk cache, then the model (all misses in one
+        batched call); whatever was looked up or computed lands in the memo for every other user."""
         texts = [str(t) for t in texts]
         if not texts:
             raise ValueError("encode() needs at least one text")
-        keys = [text_key(self.model_id, t) for t in texts]
-        found = self.cache.get_many(keys) if self.cache is not None else {}
-        missing = list(dict.fromkeys(k for k in keys if k not in found))
+        keys = [text_key(self.cache_id, t) for t in texts]
+        found = self.memo.get_many(keys)
+        missing = [k for k in dict.fromkeys(keys) if k not in found]
+        if missing and self.cache is not None:
+            found.update(self.cache.get_many(missing))
+            missing = [k for k in missing if k not in found]
         if missing:
             text_of = dict(zip(keys, texts))
-            fresh = self._embed([text_of[k] for k in missing])
-            new = dict(zip(missing, fresh))
+            log.debug("embedding %d of %d texts with %s", len(missing), len(texts), self.cache_id)
+            new = dict(zip(missing, self._embed([text_of[k] for k in missing])))
+            self.embedded += len(new)
             if self.cache is not None:
                 self.cache.put_many(new)
             found.update(new)
+        self.memo.put_many({k: found[k] for k in dict.fromkeys(keys)})
         return np.stack([found[k] for k in keys]).astype(np.float32, copy=False)
 
 
@@ -241,7 +373,8 @@ def onnx_export_path(model_dir: str | Path, int8: bool, cache_root: str | Path) 
         _atomic_build(fp32, lambda tmp: _export_fp32(Path(model_dir), tmp))
     if not int8:
         return fp32
-    quant = out_dir / "model-int8.onnx"
+    # The int8 recipe has its own version: the fp32 export it starts from is unchanged.
+    quant = out_dir / f"model-int8-r{BACKENDS['onnx-int8'].recipe}.onnx"
     if not _verified(quant):
         _atomic_build(quant, lambda tmp: _quantize_int8(fp32, tmp))
     return quant
@@ -331,14 +464,20 @@ def _check_export(path: Path, st, names: list[str]) -> None:
         raise RuntimeError(f"ONNX export of {names} diverges from torch: cosine {cos.min():.5f}")
 
 
-def _quantize_int8(fp32: Path, out: Path) -> None:
+def _quantize_int8(fp32: Path, out: Path, reduce_range: bool = True) -> None:
     """Dynamic int8: weights per output channel (per-tensor scales lose too much: cosine 0.90 to fp32
-    vs 0.98 on GSM8K questions), activations quantised per call, int8 GEMMs on VNNI."""
+    vs 0.98 on GSM8K questions), activations quantised per call.
+
+    reduce_range: 7-bit weights. ONNX Runtime's AVX2 u8·s8 kernel sums pairs of products in int16
+    (vpmaddubsw), which saturates for 8-bit weights (2·255·127 > 32767) but not for 7-bit ones
+    (2·255·64 < 32767); VNNI accumulates in int32 and never saturates. With 7-bit weights every
+    kernel computes the same integers, so the vectors no longer depend on the CPU.
+    """
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     # DefaultTensorType: the fused Attention op's outputs carry no inferred type.
-    quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=True,
+    quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=True, reduce_range=reduce_range,
                      extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
 
 
@@ -394,4 +533,6 @@ def default_encoder() -> SentenceEncoder:
 
 @functools.lru_cache(maxsize=4)
 def _encoder_for(cache_dir: Path) -> SentenceEncoder:
-    return SentenceEncoder(cache_dir=cache_dir)
+    # The same backend and length as MTRouter's default φ (models.mtrouter.config): a replay run's
+    # routers then read one set of vectors from the shared memo.
+    return SentenceEncoder(cache_dir=cache_dir, backend=DEFAULT_BACKEND, max_seq_length=DEFAULT_MAX_SEQ)

@@ -36,13 +36,14 @@ class MTRouterConfig:
     encoder_bf16: bool = True
     # How φ's sentence model runs (models.embeddings): "torch" (fp32, or bf16 with encoder_bf16),
     # "torch-int8" (dynamic int8 Linear layers), "onnx" (ONNX Runtime, fused fp32 graph), "onnx-int8"
-    # (the ONNX graph with int8 weights per output channel). Part of encoder_id, so caches never mix.
-    # Default "onnx-int8": the only one near the issue-4 target (512-token history, p99 ≤ 60 ms on
-    # this 2-core EPYC; benchmarks/mtrouter_latency.py: p99 55 ms idle). CPU ms per embedding at 1
-    # thread, measured while choosing: torch fp32 171, torch bf16 118, onnx 156, onnx-int8 88,
-    # torch-int8 87. Cosine to torch fp32 on 200 GSM8K questions, mean / min
-    # (benchmarks/encoder_fidelity.py): onnx 1.0 / 1.0, onnx-int8 0.994 / 0.987, torch-int8
-    # 0.984 / 0.948. Extension, paper silent.
+    # (the ONNX graph with 7-bit weights per output channel). Part of encoder_id, so caches never mix.
+    # Default "onnx-int8" (models.embeddings.DEFAULT_BACKEND, shared with the baselines' vectors): the
+    # only one near the issue-4 target (512-token history, p99 ≤ 60 ms on this 2-core EPYC), and ~2-3×
+    # fp32's throughput on bulk embedding. Its 7-bit weights cannot saturate AVX2's int16 pair sums,
+    # so it gives the same vectors on AVX2-only and VNNI CPUs (issue 8); its guaranteed cosine to torch
+    # fp32 is BACKENDS["onnx-int8"].min_cosine (benchmarks/encoder_fidelity.py measures it). Routers
+    # saved with the 8-bit recipe (onnx-int8@2) still load, with a warning that the encoder id changed.
+    # Extension, paper silent.
     encoder_backend: str = "onnx-int8"
     # Width of the hashed n-gram vectors (encoder kinds with "hashing").
     hashing_dim: int = 4096

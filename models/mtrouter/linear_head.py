@@ -8,18 +8,38 @@ first-order, model-specific effect reliably; the MLP then models what is left (n
 and the shared structure across models), trained on cross-fitted residuals so it never learns to
 undo an in-sample fit.
 
+At scale (more rows than EXACT_LOO_MAX_ROWS) RidgeCV's exact search is replaced by `large_ridge`:
+its leave-one-out needs an SVD of the n × d design (d ≈ 4.5k with the hashed n-grams), which took
+~3 minutes per fit on 11k queries on 2 cores. The penalty is chosen by the same exact leave-one-out on
+a random subsample (sklearn's Ridge penalises the summed squared error, so the Bayes-optimal penalty
+σ²/τ² does not depend on n), then one Cholesky factor of XᵀX + αI gives the coefficients on every row
+and, from the hat diagonal, every row's exact leave-one-out prediction at that penalty.
+
 Under the "hardcoded model features" ablation the head may not know model identity either: it is
 then one ridge on z_x ⊗ [1; attr_a] (model-conditioned only through the attributes).
 """
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
+from scipy import linalg
 from sklearn.linear_model import RidgeCV
 from sklearn.model_selection import GroupKFold
 
 from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.model_encoder import AttributeTable
+
+
+log = logging.getLogger(__name__)
+
+# Up to this many rows a fit uses RidgeCV's exact leave-one-out search over every penalty (fast while
+# n ≲ d, where it decomposes the n × n kernel; RouteLLM's GSM8K has ~1k queries). Above, large_ridge.
+EXACT_LOO_MAX_ROWS = 3000
+# Rows of the subsample whose exact leave-one-out picks the penalty in large_ridge.
+ALPHA_PROBE_ROWS = 2000
+ROW_CHUNK = 2048  # rows per triangular solve of the hat diagonal (bounds memory to chunk × d doubles)
 
 
 def _ridge(alphas: list[float]) -> RidgeCV:
@@ -35,6 +55,65 @@ def _loo(ridge: RidgeCV) -> np.ndarray:
     if results.ndim == 2:
         return results[:, alphas.index(float(chosen[0]))]
     return np.stack([results[:, t, alphas.index(float(a))] for t, a in enumerate(chosen)], axis=1)
+
+
+class LargeRidge:
+    """What LinearHead reads of a fitted RidgeCV: coef_ (t, d), intercept_ (t,), alpha_ (t,), and
+    loo: (n, t) leave-one-out predictions at each target's chosen penalty."""
+
+    def __init__(self, coef: np.ndarray, intercept: np.ndarray, alpha: np.ndarray, loo: np.ndarray):
+        self.coef_, self.intercept_, self.alpha_, self.loo = coef, intercept, alpha, loo
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float64) @ self.coef_.T + self.intercept_
+
+
+def large_ridge(x: np.ndarray, y: np.ndarray, alphas: list[float], seed: int = 0) -> LargeRidge:
+    """Ridge with an unpenalised intercept for n ≫ rows RidgeCV handles quickly; y is (n,) or (n, t).
+
+    1. Penalty per target: RidgeCV's exact leave-one-out on ALPHA_PROBE_ROWS random rows.
+    2. Coefficients: Cholesky of X̃ᵀX̃ + αI (X̃ centred), one factor per distinct penalty.
+    3. Leave-one-out predictions, exact for that penalty: e_i / (1 − h_ii) with
+       h_ii = 1/n + ‖L⁻¹x̃_i‖² (the centring makes the intercept's leverage 1/n).
+    """
+    x = np.asarray(x, dtype=np.float32)
+    y2 = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
+    n, t = y2.shape
+    rng = np.random.default_rng(seed)
+    probe_rows = np.sort(rng.choice(n, size=min(n, ALPHA_PROBE_ROWS), replace=False))
+    probe = _ridge(alphas).set_params(alpha_per_target=t > 1, store_cv_results=False, scoring=None)
+    probe.fit(x[probe_rows], y2[probe_rows] if t > 1 else y2[probe_rows, 0])
+    chosen = np.broadcast_to(np.atleast_1d(probe.alpha_), (t,)).astype(float)
+    mean_x, mean_y = x.mean(axis=0), y2.mean(axis=0)
+    xc = x - mean_x
+    gram = (xc.T @ xc).astype(np.float64)  # float32 GEMM (the n·d² step), factored in float64
+    xty = xc.T.astype(np.float64) @ (y2 - mean_y)
+    coef, loo = np.zeros((t, x.shape[1])), np.zeros((n, t))
+    for alpha in np.unique(chosen):
+        targets = np.flatnonzero(chosen == alpha)
+        factor = linalg.cho_factor(gram + alpha * np.eye(len(gram)), lower=True, overwrite_a=True, check_finite=False)
+        coef[targets] = linalg.cho_solve(factor, xty[:, targets], check_finite=False).T
+        leverage = np.empty(n)
+        for start in range(0, n, ROW_CHUNK):
+            z = linalg.solve_triangular(factor[0], xc[start:start + ROW_CHUNK].T.astype(np.float64), lower=True,
+                                        check_finite=False)
+            leverage[start:start + ROW_CHUNK] = 1.0 / n + np.einsum("dn,dn->n", z, z)
+        fitted = xc.astype(np.float64) @ coef[targets].T + mean_y[targets]
+        loo[:, targets] = y2[:, targets] - (y2[:, targets] - fitted) / (1.0 - leverage)[:, None]
+    log.debug("large_ridge: n=%d d=%d penalties %s", n, x.shape[1], chosen.tolist())
+    intercept = mean_y - coef @ mean_x.astype(np.float64)
+    if np.ndim(y) == 1:  # shaped like a single-target sklearn fit: coef_ (d,), intercept_ scalar
+        return LargeRidge(coef[0], float(intercept[0]), chosen, loo[:, 0])
+    return LargeRidge(coef, intercept, chosen, loo)
+
+
+def _fit_ridge(x: np.ndarray, y: np.ndarray, alphas: list[float], seed: int, multi: bool = False):
+    """(fitted ridge with coef_ / intercept_ / predict, its leave-one-out predictions)."""
+    if len(x) > EXACT_LOO_MAX_ROWS:
+        ridge = large_ridge(x, y, alphas, seed)
+        return ridge, ridge.loo
+    ridge = _ridge(alphas).set_params(alpha_per_target=multi).fit(x, y)
+    return ridge, _loo(ridge)
 
 
 class LinearHead:
@@ -64,9 +143,9 @@ class LinearHead:
         histories = np.asarray(histories, dtype=np.float32)
         history_idx, model_idx, y = np.asarray(history_idx), np.asarray(model_idx), np.asarray(y, dtype=float)
         alphas = list(self.cfg.ridge_alphas)
+        seed = int(self.cfg.seed)
         if self.by_attributes:
-            self.joint = _ridge(alphas).fit(self._interactions(histories[history_idx], model_idx), y)
-            self.loo = _loo(self.joint)
+            self.joint, self.loo = _fit_ridge(self._interactions(histories[history_idx], model_idx), y, alphas, seed)
             return self
         self.coef = np.zeros((len(self.table.models), histories.shape[1]), np.float32)
         self.intercept = np.full(len(self.table.models), float(np.mean(y)))  # a model never logged: the mean
@@ -77,19 +156,17 @@ class LinearHead:
         if len(models) > 1 and all(np.array_equal(history_idx[rows[m]], history_idx[first]) for m in models):
             # Single-turn grids: every model was logged on the same histories, so one multi-target
             # fit shares the Gram matrix and its eigendecomposition across models.
-            ridge = _ridge(alphas).set_params(alpha_per_target=True)
-            ridge.fit(histories[history_idx[first]], np.stack([y[rows[m]] for m in models], axis=1))
+            ridge, loo = _fit_ridge(histories[history_idx[first]], np.stack([y[rows[m]] for m in models], axis=1),
+                                    alphas, seed, multi=True)
             for k, m in enumerate(models):
                 self.coef[m], self.intercept[m] = ridge.coef_[k], ridge.intercept_[k]
-            loo = _loo(ridge)
             for k, m in enumerate(models):
                 self.loo[rows[m]] = loo[:, k]
             return self
         for m in models:
             if len(rows[m]) >= 2:
-                ridge = _ridge(alphas).fit(histories[history_idx[rows[m]]], y[rows[m]])
-                self.coef[m], self.intercept[m] = ridge.coef_, ridge.intercept_
-                self.loo[rows[m]] = _loo(ridge)
+                ridge, self.loo[rows[m]] = _fit_ridge(histories[history_idx[rows[m]]], y[rows[m]], alphas, seed)
+                self.coef[m], self.intercept[m] = np.ravel(ridge.coef_), float(np.ravel(ridge.intercept_)[0])
         return self
 
     def predict(self, x: np.ndarray, model_idx: np.ndarray) -> np.ndarray:

@@ -200,8 +200,10 @@ class MTRouterRouter(Router):
             if data.embeddings is None:
                 raise InputError("RoutingData", "embeddings", "table_embeddings is on but the table has none cached")
             return self.featurizer.with_surface(np.asarray(data.embeddings, dtype=np.float32), data.queries)
-        texts = [self.encoder.serialise(q, (), self.cfg.history_mode) for q in data.queries]
-        return self.featurizer.transform(texts, data.queries)
+        # h_0 = [q] has no turns to delimit, so φ embeds the query as logged, without the multi-turn
+        # "[Task]" header: the very text the baselines' vectors embed, so with the shared default
+        # encoder (same backend and length) a replay run embeds each query once for all routers.
+        return self.featurizer.transform(list(data.queries), data.queries)
 
     def fit(self, data: RoutingData) -> "MTRouterRouter":
         if not np.isfinite(data.scores).any():

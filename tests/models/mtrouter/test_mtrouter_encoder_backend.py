@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.embeddings import ENCODER_BACKENDS, SentenceEncoder, bundled_minilm_path, onnx_export_path
+from models.embeddings import BACKENDS, ENCODER_BACKENDS, SentenceEncoder, bundled_minilm_path, onnx_export_path
 from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.history import SentenceTextEncoder, build_text_encoder
 from routerops.errors import InputError
@@ -19,12 +19,6 @@ TEXTS = [
     "[Task]\nBoil water.\n[Turn 1]\nAgent: look around\nObservation: You see a stove, a pot and a sink. " * 6,
     "ok",
 ]
-# Lowest cosine to torch fp32, with margin. Measured on 200 GSM8K questions (min / mean): onnx
-# 1.00000 / 1.00000, onnx-int8 0.982 / 0.9937, torch-int8 0.968 / 0.982; on TEXTS the two-token "ok"
-# is the worst case for int8 (torch-int8 0.916).
-MIN_COSINE = {"onnx": 0.9999, "onnx-int8": 0.97, "torch-int8": 0.90}
-
-
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("routerops-cache")
@@ -40,7 +34,7 @@ def test_encoder_ids_differ_per_backend_and_torch_keeps_its_old_id():
     ids = {b: SentenceTextEncoder(max_tokens=512, bf16=False, backend=b).encoder_id for b in ENCODER_BACKENDS}
     assert len(set(ids.values())) == len(ENCODER_BACKENDS)
     assert ids["torch"] == "sentence-transformers/all-MiniLM-L6-v2|max_seq=512"  # caches written before backends
-    assert ids["onnx-int8"].startswith("sentence-transformers/all-MiniLM-L6-v2|onnx-int8@")
+    assert ids["onnx-int8"].startswith("sentence-transformers/all-MiniLM-L6-v2|onnx-int8@3")  # 7-bit weights
 
 
 def test_unknown_backend_is_rejected():
@@ -57,7 +51,9 @@ def test_backend_embeddings_stay_close_to_torch_fp32(backend, reference, cache_d
     assert vecs.shape == reference.shape and vecs.dtype == np.float32
     assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
     cosine = (vecs * reference).sum(axis=1)
-    assert cosine.min() >= MIN_COSINE[backend], cosine
+    # The tolerance is the backend's documented guarantee (models.embeddings.BACKENDS), the same on
+    # AVX2-only and VNNI CPUs, not a number tuned on one machine.
+    assert cosine.min() >= BACKENDS[backend].min_cosine, cosine
 
 
 @pytest.mark.slow
