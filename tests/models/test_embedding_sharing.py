@@ -34,7 +34,7 @@ def book() -> PriceBook:
 @pytest.fixture
 def fresh_process_state(tmp_path, monkeypatch):
     """An empty cache directory and memo, and no encoder left over from another test."""
-    from models import baselines
+    from models import registry as baselines
 
     monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path))
     shared_vectors().clear()
@@ -47,7 +47,7 @@ def fresh_process_state(tmp_path, monkeypatch):
 
 
 def test_each_query_is_embedded_once_across_routers_folds_and_seeds(fresh_process_state):
-    from models import baselines
+    from models import registry as baselines
     from evaluation.replay import run_replay_benchmark
 
     table = tiny_table()
