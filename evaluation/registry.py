@@ -86,7 +86,7 @@ def _code_paths() -> list[str]:
     import models
     import routerops
 
-    return [str(Path(pkg.__file__).parent) for pkg in (evaluation, models, routerops)]
+    return [str(Path(next(iter(pkg.__path__)))) for pkg in (evaluation, models, routerops)]
 
 
 def register(servable: Servable, *, data_hashes: dict[str, str] | None = None,
