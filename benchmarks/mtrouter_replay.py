@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
     }
     if args.ablations:
-        from models.mtrouter.ablations import replay_ablations
+        from evaluation.replay import replay_ablations
 
         result["ablations"] = replay_ablations(data, k=args.folds, seeds=args.seeds, base=cfg,
                                                history_encoder=encoder).to_dict("records")

@@ -30,6 +30,9 @@ import numpy as np
 from mlflow.exceptions import MlflowException
 from mlflow.models import Model
 
+import evaluation
+import models
+import routerops
 from evaluation.replay import cost_window
 from evaluation.servable import Servable, load_servable
 from evaluation.serving import ServedRouter, fingerprint, judge_on_split
@@ -82,10 +85,6 @@ def serving_requirements(with_encoder: bool) -> list[str]:
 
 def _code_paths() -> list[str]:
     """The project's packages, so the logged model carries the code its loader and pickle need."""
-    import evaluation
-    import models
-    import routerops
-
     return [str(Path(next(iter(pkg.__path__)))) for pkg in (evaluation, models, routerops)]
 
 

@@ -29,6 +29,10 @@ from tqdm.auto import tqdm
 
 from models.base import Router, RoutingData
 from models.embeddings import default_encoder
+from models.mtrouter.ablations import SINGLE_TURN_ABLATIONS, run_ablations
+from models.mtrouter.config import MTRouterConfig
+from models.mtrouter.history import build_history_encoder
+from models.mtrouter.router import MTRouterRouter
 from models.registry import ROUTER_FACTORIES, make_router
 from routerops import metrics
 from routerops.envs.replay import load_logged_outcomes, validate_logged_outcomes, worker_order
@@ -400,3 +404,21 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
     board.attrs["n_train_queries"] = None if train_data is None else len(train_data)
     board.attrs["timings"] = timings  # seconds: embedding the table, then per router (evaluate_router)
     return board
+
+
+# ---------------------------------------------------------------- MTRouter's ablations on a table
+
+
+def replay_ablations(data, k: int = 5, seeds: Sequence[int] = (0,), base: MTRouterConfig | None = None,
+                     names: Sequence[str] = SINGLE_TURN_ABLATIONS, history_encoder=None) -> pd.DataFrame:
+    """MTRouter's single-turn ablations (models/mtrouter/ablations.py) on a logged-outcome table,
+    cross-fitted (k folds); APGR on two-worker tables."""
+    def fit_and_evaluate(name: str, cfg: MTRouterConfig) -> dict[str, float]:
+        encoder = history_encoder or build_history_encoder(cfg)
+        runs = []
+        for seed in seeds:
+            quality = cross_fit(data, lambda s: MTRouterRouter(cfg, encoder, seed=s), k=k, seed=seed)
+            runs.append(two_worker_metrics(quality, data) if len(data.workers) == 2 else {})
+        return {key: float(np.mean([r[key] for r in runs])) for key in (runs[0] if runs else {})}
+
+    return run_ablations(fit_and_evaluate, base, names)

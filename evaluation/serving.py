@@ -256,7 +256,8 @@ class ServedRouter:
 
     def tags(self) -> dict[str, str]:
         bundle = self.bundle
-        return {**{k: str(v) for k, v in bundle.meta.items()}, "price_book_version": bundle.price_book_version, "router_family": bundle.family,
+        return {**{k: str(v) for k, v in bundle.meta.items()},
+                "price_book_version": bundle.price_book_version, "router_family": bundle.family,
                 "router_class": f"{type(bundle.router).__module__}.{type(bundle.router).__qualname__}",
                 "workers": ",".join(bundle.workers),
                 "embedding_model": "none" if bundle.embedding is None else bundle.embedding.model_id}

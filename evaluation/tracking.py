@@ -75,7 +75,7 @@ def log_stage(manifest: dict[str, Any], commit: str) -> str:
 def log_pipeline_runs(cfg: TrackConfig, manifest_dir: Path, stage_order: list[str],
                       run_name: str = "pipeline") -> dict[str, str]:
     """Log the manifests of `stage_order` present in `manifest_dir`, in that order, under one parent
-    run; a stage that left several manifests (e.g. one per ablation, `ablation-full.json`) logs each."""
+    run; a stage that left several manifests (e.g. one per ablation, `mt-ablation-full.json`) logs each."""
     use_tracking(cfg)
     commit = git_commit()
     manifests = [json.loads(path.read_text()) for stage in stage_order

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from models.base import Router, RoutingData
+from models.registry import make_router
 from routerops.errors import InputError
 from routerops.types import STOP, Action, EpisodeState
 
@@ -91,8 +92,6 @@ def episode_level_policies(router_names: Sequence[str], episodes: pd.DataFrame, 
                            score_bounds: tuple[float, float], seed: int = 0,
                            cost_weight: float = 0.0) -> list[EpisodeLevelPolicy]:
     """One EpisodeLevelPolicy per registry name (models.registry.make_router), all on one grid."""
-    from models.registry import make_router
-
     grid = episode_grid(episodes, prompts, score_bounds)
     return [EpisodeLevelPolicy(make_router(name, seed), grid, name=f"episode/{name}", cost_weight=cost_weight)
             for name in router_names]

@@ -84,7 +84,8 @@ class MTRouterRun:
 
 def load_run(path: str | Path = "params.yaml") -> MTRouterRun:
     raw = (yaml.safe_load(Path(path).read_text()) or {}).get("mtrouter", {}) or {}
-    unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(MTRouterRun)} | ({"track"} & set(raw)))
+    allowed = {f.name for f in dataclasses.fields(MTRouterRun)} - {"track"}  # `track` is its own section
+    unknown = sorted(set(raw) - allowed)
     if unknown:
         raise InputError(path, f"mtrouter.{unknown[0]}", "unknown key")
     return MTRouterRun(**raw, track=load_params(path, sections=("track",)).track)

@@ -14,6 +14,7 @@ import numpy as np
 from models.base import Router, RoutingData
 from models.baselines.features import QueryFeaturizer, surface_features
 from models.baselines.linear import fit_outcome_model
+from models.embeddings import default_encoder
 
 
 class Cascade(Router):
@@ -31,8 +32,6 @@ class Cascade(Router):
 
     def _encoder(self):
         if self.encoder is None:
-            from models.embeddings import default_encoder
-
             return default_encoder()
         return self.encoder
 

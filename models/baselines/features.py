@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from models.base import RoutingData
+from models.embeddings import default_encoder
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _SENTENCE_END = re.compile(r"[.!?](?:\s|$)")
@@ -48,8 +49,6 @@ def require_embeddings(data: RoutingData, encoder=None) -> np.ndarray:
             raise ValueError(f"embeddings have {len(data.embeddings)} rows for {len(data)} queries")
         return np.asarray(data.embeddings, dtype=np.float32)
     if encoder is None:
-        from models.embeddings import default_encoder
-
         encoder = default_encoder()
     return encoder.encode(data.queries)
 

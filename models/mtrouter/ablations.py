@@ -50,24 +50,3 @@ def run_ablations(fit_and_evaluate: Callable[[str, MTRouterConfig], Mapping[str,
         metrics = dict(fit_and_evaluate(name, cfg))
         rows.append({"ablation": name, "switch": ABLATIONS[name] or "-", **metrics})
     return pd.DataFrame(rows)
-
-
-def replay_ablations(data, k: int = 5, seeds: Sequence[int] = (0,), base: MTRouterConfig | None = None,
-                     names: Sequence[str] = SINGLE_TURN_ABLATIONS, history_encoder=None) -> pd.DataFrame:
-    """The single-turn ablations on a logged-outcome table (models.base.RoutingData), cross-fitted
-    with evaluation.replay; APGR/CPT on two-worker tables."""
-    import numpy as np
-
-    from models.mtrouter.history import build_history_encoder
-    from models.mtrouter.router import MTRouterRouter
-    from evaluation.replay import cross_fit, two_worker_metrics
-
-    def fit_and_evaluate(name: str, cfg: MTRouterConfig) -> dict[str, float]:
-        encoder = history_encoder or build_history_encoder(cfg)
-        runs = []
-        for seed in seeds:
-            quality = cross_fit(data, lambda s: MTRouterRouter(cfg, encoder, seed=s), k=k, seed=seed)
-            runs.append(two_worker_metrics(quality, data) if len(data.workers) == 2 else {})
-        return {key: float(np.mean([r[key] for r in runs])) for key in (runs[0] if runs else {})}
-
-    return run_ablations(fit_and_evaluate, base, names)

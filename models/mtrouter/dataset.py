@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from models.baselines.features import surface_features
 from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.estimator import TrainingSet
 from models.mtrouter.history import HistoryEncoder, Interaction, interactions_from_turns, observation_from_message
@@ -33,8 +34,6 @@ class HistoryFeaturizer:
 
     @staticmethod
     def _surface(tasks: Sequence[str]) -> np.ndarray:
-        from models.baselines.features import surface_features
-
         return surface_features(list(tasks))
 
     def fit(self, tasks: Sequence[str]) -> "HistoryFeaturizer":

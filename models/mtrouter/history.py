@@ -21,6 +21,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from models.embeddings import EmbeddingCache, SentenceEncoder, bundled_minilm_path, default_cache_dir
 from models.mtrouter.config import MTRouterConfig
 
 TASK_HEADER = "[Task]\n"
@@ -168,8 +169,6 @@ class SentenceTextEncoder:
                  backend: str = "torch"):
         from transformers import AutoConfig, AutoTokenizer
 
-        from models.embeddings import SentenceEncoder, bundled_minilm_path
-
         path = str(model_path or bundled_minilm_path())
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         limit = int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 512))
@@ -299,8 +298,6 @@ class HistoryEncoder:
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._disk = None
         if disk_cache_dir is not None:
-            from models.embeddings import EmbeddingCache
-
             self._disk = EmbeddingCache(Path(disk_cache_dir) / "mtrouter_histories.sqlite")
         self.hits = 0
         self.misses = 0
@@ -353,7 +350,5 @@ def build_history_encoder(cfg: MTRouterConfig, text_encoder: TextEncoder | None 
                           device: str = "cpu") -> HistoryEncoder:
     """The configured encoder; sentence encoders persist embeddings under models.embeddings'
     cache directory ($ROUTEROPS_CACHE_DIR) when cfg.disk_cache is on."""
-    from models.embeddings import default_cache_dir
-
     text_encoder = text_encoder or build_text_encoder(cfg, device)
     return HistoryEncoder(text_encoder, cfg, default_cache_dir() if cfg.disk_cache else None)

