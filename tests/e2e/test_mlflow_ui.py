@@ -35,16 +35,6 @@ WAIT_S = 90  # the SPA loads its bundle and queries the server; a busy 2-core ma
 
 
 
-def log_router(router, train, *, price_book_version, embedding="bundled-minilm", family=None, data_hashes=None,
-               metrics=None, include_code=True, expected_cost_usd=None):
-    """A fitted single-turn router registered through the one Servable path."""
-    from evaluation.registry import register
-    from evaluation.serving import ServedRouter
-
-    served = ServedRouter.from_fitted(router, train, price_book_version, embedding=embedding, family=family,
-                                      expected_cost_usd=expected_cost_usd)
-    return register(served, data_hashes=data_hashes, metrics=metrics, include_code=include_code)
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -62,9 +52,9 @@ def ui_command(store: Path, artifacts: Path) -> list[str]:
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     """A store with two registered router versions (runs with metrics) and gate runs; v2 is champion."""
-    sys.path.insert(0, str(REPO / "tests" / "tasks"))
+    sys.path.insert(0, str(REPO / "tests" / "evaluation"))
     try:
-        from test_registry import BOOK, GATE, routing_data, shuffled, surface_router
+        from test_registry import BOOK, GATE, log_router, routing_data, shuffled, surface_router
     finally:
         sys.path.pop(0)
     import mlflow
