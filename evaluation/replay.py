@@ -15,6 +15,7 @@ resolve through `models.registry.make_router` unless factories are given.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import time
@@ -33,7 +34,7 @@ from models.mtrouter.ablations import SINGLE_TURN_ABLATIONS, run_ablations
 from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.history import build_history_encoder
 from models.mtrouter.router import MTRouterRouter
-from models.registry import ROUTER_FACTORIES, make_router
+from models.registry import ENSEMBLES, ROUTER_FACTORIES, make_router
 from routerops import metrics
 from routerops.envs.replay import load_logged_outcomes, validate_logged_outcomes, worker_order
 from routerops.errors import InputError, RouteropsError
@@ -147,7 +148,9 @@ def two_worker_metrics(quality: np.ndarray, data: RoutingData, idx: np.ndarray |
     idx = np.arange(len(data)) if idx is None else idx
     score = strong_call_score(quality, data, router)[idx]
     s, w = data.scores[idx, strong], data.scores[idx, weak]
-    if np.unique(score).size < 2:  # a constant score (single worker) has no curve to integrate
+    # Undefined, so NaN (reported as such, never a crash): a constant score (a single worker) has no
+    # curve to integrate, and equally accurate workers leave no gap to recover.
+    if np.unique(score).size < 2 or s.mean() == w.mean():
         return {"apgr": np.nan, "cpt50": np.nan, "cpt80": np.nan}
     return {
         "apgr": metrics.apgr(score, s, w),
@@ -160,6 +163,12 @@ def cost_window(data: RoutingData) -> tuple[float, float]:
     """AIQ's cost range for a table: from always taking each query's cheapest worker to always taking
     the dearest single worker. Fixed per table, so AIQs of different routers are comparable."""
     return float(data.costs.min(axis=1).mean()), float(data.costs.mean(axis=0).max())
+
+
+def aiq_in_window(usd: np.ndarray, accuracy: np.ndarray, window: tuple[float, float]) -> float:
+    """curve_aiq, or NaN where the table leaves no cost range to integrate over (one worker, or
+    workers that all cost the same): undefined, so reported as such."""
+    return curve_aiq(usd, accuracy, window) if window[1] > window[0] else float("nan")
 
 
 def cost_at_accuracy(usd: np.ndarray, accuracy: np.ndarray, target: float) -> float:
@@ -185,7 +194,7 @@ def curve_summary(router: Router, ops: OperatingPoints, data: RoutingData, quali
     gain = metrics.gain_over_best_single(usd, acc, best_cost, best_acc)
     at_best = int(np.lexsort((usd, -acc))[0])
     row = {
-        "aiq": curve_aiq(usd, acc, cost_window(data)),
+        "aiq": aiq_in_window(usd, acc, cost_window(data)),
         "best_accuracy": float(acc[at_best]),
         "usd_per_query_at_best": float(usd[at_best]),
         "cost95_usd_per_query": cost_at_accuracy(usd, acc, target),
@@ -199,25 +208,45 @@ def curve_summary(router: Router, ops: OperatingPoints, data: RoutingData, quali
 
 
 def bootstrap_intervals(router: Router, ops: OperatingPoints, data: RoutingData, quality: np.ndarray,
-                        n_boot: int, seed: int) -> dict[str, float]:
-    """95% percentile intervals of AIQ (and APGR) over queries resampled with replacement."""
-    keys = ["aiq"] + (["apgr"] if len(data.workers) == 2 else [])
-    out = {}
-    for key in keys:
-        def stat(idx: np.ndarray, axis: int = -1) -> np.ndarray:
-            rows = np.atleast_2d(idx).astype(int)
-            return np.array([_metric_on(key, router, ops, data, quality, r) for r in rows]).reshape(idx.shape[:-1])
+                        n_boot: int, seed: int, confidence: float = 0.95) -> dict[str, float]:
+    """Percentile intervals (Efron & Tibshirani 1993, ch. 13) of AIQ, and APGR on two-worker tables,
+    over `n_boot` resamples of the queries with replacement.
 
-        _, lo, hi = metrics.bootstrap_ci(np.arange(len(data), dtype=float), stat, n_boot=n_boot, seed=seed)
-        out[f"{key}_lo"], out[f"{key}_hi"] = lo, hi
+    All resamples at once: resample b is a row of counts (how often each query is drawn), so every
+    operating point's accuracy and cost on it is one matrix product, and APGR's deciles come from
+    cumulative counts (metrics.apgr_of_resamples). A resample on which APGR is undefined (strong and
+    weak equally right on it) is left out of the APGR interval and counted in `apgr_boot_undefined`.
+    """
+    counts = resample_counts(len(data), n_boot, seed)
+    window = cost_window(data)
+    accuracy = ops.correct @ counts.T / len(data)  # (knob values, resamples)
+    usd = ops.paid @ counts.T / len(data)
+    out = _percentile_interval("aiq", [aiq_in_window(usd[:, b], accuracy[:, b], window) for b in range(n_boot)],
+                               confidence)
+    if len(data.workers) == 2:
+        strong, weak = strong_weak(data)
+        score = strong_call_score(quality, data, router)
+        values = metrics.apgr_of_resamples(score, data.scores[:, strong], data.scores[:, weak], counts)
+        out.update(_percentile_interval("apgr", values, confidence))
+        out["apgr_boot_undefined"] = int(np.isnan(values).sum())
     return out
 
 
-def _metric_on(key: str, router: Router, ops: OperatingPoints, data: RoutingData, quality: np.ndarray,
-               idx: np.ndarray) -> float:
-    if key == "apgr":
-        return two_worker_metrics(quality, data, idx, router)["apgr"]
-    return curve_aiq(ops.paid[:, idx].mean(axis=1), ops.correct[:, idx].mean(axis=1), cost_window(data))
+def resample_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
+    """(n_boot, n) int32: how many times each of n queries is drawn in each bootstrap resample."""
+    draws = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    offsets = (np.arange(n_boot) * n)[:, None]
+    return np.bincount((draws + offsets).ravel(), minlength=n_boot * n).reshape(n_boot, n).astype(np.int32)
+
+
+def _percentile_interval(key: str, values, confidence: float) -> dict[str, float]:
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return {f"{key}_lo": float("nan"), f"{key}_hi": float("nan")}
+    tail = 100 * (1 - confidence) / 2
+    lo, hi = np.percentile(values, [tail, 100 - tail])
+    return {f"{key}_lo": float(lo), f"{key}_hi": float(hi)}
 
 
 def single_worker_reference(data: RoutingData) -> tuple[tuple[float, float], float]:
@@ -235,21 +264,53 @@ def fit_then_score(train: RoutingData, data: RoutingData, router_factory, seed: 
     return _build(router_factory, seed).fit(train).predict_quality(data)
 
 
+def held_out_quality(factory, data: RoutingData, k: int, seed: int, train: RoutingData | None = None) -> np.ndarray:
+    """(n, w) predictions of routers that never saw the query they score: fitted on `train` (a fixed
+    split) when given, else cross-fitted on `data` with k folds."""
+    return cross_fit(data, factory, k=k, seed=seed) if train is None else fit_then_score(train, data, factory, seed)
+
+
+class SharedPredictions:
+    """One run's held-out predictions per (router, seed), computed once: an ensemble named in
+    models.registry.ENSEMBLES is the mean of its members' predictions, the very fits its own
+    EnsembleRouter would make (each member built with the same seed, on the same folds), so the
+    members are fitted once for their own rows and the ensemble's."""
+
+    def __init__(self, data: RoutingData, k: int, train: RoutingData | None, factories: dict[str, RouterFactory],
+                 ensembles: dict[str, tuple[str, ...]]):
+        self.data, self.k, self.train = data, k, train
+        self.factories, self.ensembles = factories, ensembles
+        self._done: dict[tuple[str, int], np.ndarray] = {}
+
+    def __call__(self, name: str, seed: int) -> np.ndarray:
+        key = (name, seed)
+        if key not in self._done:
+            if name in self.ensembles:
+                quality = np.mean([self(member, seed) for member in self.ensembles[name]], axis=0)
+            else:
+                factory = self.factories.get(name) or (lambda s, _n=name: make_router(_n, s))
+                quality = held_out_quality(factory, self.data, self.k, seed, self.train)
+            self._done[key] = quality
+        return self._done[key]
+
+
 def evaluate_router(name: str, factory: RouterFactory, data: RoutingData, k: int = 5,
                     seeds: Sequence[int] = (0, 1, 2), n_boot: int = 1000,
-                    train: RoutingData | None = None, timings: dict | None = None) -> tuple[dict, pd.DataFrame]:
+                    train: RoutingData | None = None, timings: dict | None = None,
+                    predict: Callable[[int], np.ndarray] | None = None) -> tuple[dict, pd.DataFrame]:
     """The leaderboard row (means over seeds, the spread of APGR and AIQ across seeds, bootstrap
     intervals from the first seed) and the first seed's curve of `factory` on `data`: fitted on `train`
-    when given (fixed split), else cross-fitted on `data` with k folds. `timings`, when given, receives
-    the seconds spent fitting and scoring, sweeping the knob and bootstrapping
+    when given (fixed split), else cross-fitted on `data` with k folds. `predict(seed)`, when given,
+    supplies those predictions instead (run_replay_benchmark's shared ones). `timings`, when given,
+    receives the seconds spent fitting and scoring, sweeping the knob and bootstrapping
     (benchmarks/replay_scale.py reads them)."""
     best, target = single_worker_reference(data)
     runs, first = [], None
     clock = {"fit_score_s": 0.0, "sweep_s": 0.0, "bootstrap_s": 0.0}
+    predict = predict or (lambda seed: held_out_quality(factory, data, k, seed, train))
     for seed in seeds:
         start = time.perf_counter()
-        quality = (cross_fit(data, factory, k=k, seed=seed) if train is None
-                   else fit_then_score(train, data, factory, seed))
+        quality = predict(seed)
         clock["fit_score_s"] += time.perf_counter() - start
         start = time.perf_counter()
         router = _build(factory, seed)
@@ -380,7 +441,10 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
     if train_data is not None:
         check_disjoint(train_data, data)
     protocol = protocol or (f"cross-fit k={k}" if train_data is None else "fixed split: fit on train, scored here")
-    factories = {**ROUTER_FACTORIES, **(factories or {})}
+    custom = factories or {}
+    factories = {**ROUTER_FACTORIES, **custom}
+    shared = SharedPredictions(data, k, train_data, factories,
+                               {name: members for name, members in ENSEMBLES.items() if name not in custom})
     names = ([f"single:{w}" for w in data.workers] if include_singles else []) + list(routers)
     rows, curves = [], []
     for name in tqdm(names, desc="routers", disable=not progress):
@@ -391,7 +455,7 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
         timings["routers"][name] = {}
         row, curve = evaluate_router(name, factory, data, k=k, seeds=seeds if stochastic else seeds[:1],
                                      n_boot=0 if single else n_boot, train=train_data,
-                                     timings=timings["routers"][name])
+                                     timings=timings["routers"][name], predict=functools.partial(shared, name))
         rows.append({**row, "protocol": protocol})
         curves.append(curve)
     board = pd.DataFrame(rows).sort_values("aiq", ascending=False, kind="mergesort").reset_index(drop=True)

@@ -83,9 +83,13 @@ ENCODER_BACKENDS = tuple(BACKENDS)
 # fp32 ONNX for speed: on 230-token prompts, 2 threads of this EPYC, 33–46 ms per text vs 96 ms for
 # fp32 ONNX (best batch) and 95 ms for torch fp32; a 14k-query table is then ~8 minutes, not ~22.
 DEFAULT_BACKEND = "onnx-int8"
-# Tokens kept per text by the shared encoder: MTRouter's history budget is clipped to MiniLM's 512
-# positions, and the baselines read the same vectors, so they see the same 512 tokens.
-DEFAULT_MAX_SEQ = 512
+# Tokens kept per query by the shared encoder (the baselines' vectors and the single-turn MTRouter's
+# φ, so they share one set of vectors): all-MiniLM-L6-v2's own setting (sentence_bert_config.json:
+# 256; it was trained on ≤128-token pairs, so positions past 256 carry little it learned). Multi-turn
+# MTRouter histories keep their own budget (MTRouterConfig.max_history_tokens, clipped to 512).
+# Cost is linear in tokens: on the 14k-query replay table (mean 235 tokens, p90 353) 256 instead of
+# 512 saves a fifth of the embedding time (benchmarks/replay_scale.py).
+DEFAULT_MAX_SEQ = 256
 # A text's vector embedded in a padded, length-sorted batch vs alone, fp32 backends: largest absolute
 # difference per coordinate (unit vectors). Padding changes the GEMM shapes and so the summation
 # order; measured ≤ 2e-7 on MiniLM. Routing decisions compare scores that differ by far more.
@@ -225,6 +229,8 @@ class SentenceEncoder:
     backend: one of ENCODER_BACKENDS. max_seq_length: tokens kept per text (None = the model's setting).
     """
 
+    SAVE_EVERY = 1024  # texts embedded between two writes to the disk cache
+
     def __init__(
         self,
         model_path: str | Path | None = None,
@@ -315,11 +321,14 @@ class SentenceEncoder:
         if missing:
             text_of = dict(zip(keys, texts))
             log.debug("embedding %d of %d texts with %s", len(missing), len(texts), self.cache_id)
-            new = dict(zip(missing, self._embed([text_of[k] for k in missing])))
-            self.embedded += len(new)
-            if self.cache is not None:
-                self.cache.put_many(new)
-            found.update(new)
+            # In chunks, each saved as it completes: an interrupted bulk run keeps what it embedded.
+            for start in range(0, len(missing), self.SAVE_EVERY):
+                chunk = missing[start : start + self.SAVE_EVERY]
+                new = dict(zip(chunk, self._embed([text_of[k] for k in chunk])))
+                self.embedded += len(new)
+                if self.cache is not None:
+                    self.cache.put_many(new)
+                found.update(new)
         self.memo.put_many({k: found[k] for k in dict.fromkeys(keys)})
         return np.stack([found[k] for k in keys]).astype(np.float32, copy=False)
 
@@ -487,7 +496,6 @@ class OnnxSentenceModel:
 
     def __init__(self, onnx_path: Path, model_dir: Path | None, max_seq_length: int | None, tokenizer=None,
                  default_max: int | None = None):
-        import onnxruntime as ort
         import torch
 
         if tokenizer is None:
@@ -497,27 +505,51 @@ class OnnxSentenceModel:
             default_max = _st_max_seq_length(model_dir)
         self.tokenizer = tokenizer
         self.max_length = int(max_seq_length or default_max or 512)
+        self.onnx_path = str(onnx_path)
+        self.threads = int(torch.get_num_threads())
+        self.session = self._session(self.threads)
+        self._bulk_session = None  # one intra-op thread, shared by `threads` callers (encode_each)
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.dim = int(self.session.get_outputs()[0].shape[-1])
+
+    def _session(self, intra_op_threads: int):
+        import onnxruntime as ort
+
         options = ort.SessionOptions()
-        options.intra_op_num_threads = int(torch.get_num_threads())
+        options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = 1
         # Idle workers sleep instead of spinning: on a busy 2-core host spinning threads fight the
         # worker that holds the data (512-token int8, 2 threads, load ~4.5: p99 155 ms vs 592 ms).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-        self.inputs = [i.name for i in self.session.get_inputs()]
-        self.dim = int(self.session.get_outputs()[0].shape[-1])
+        return ort.InferenceSession(self.onnx_path, options, providers=["CPUExecutionProvider"])
 
     def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
+        if batch_size == 1 and len(texts) > 1 and self.threads > 1:
+            return self.encode_each(texts)
         # Batches sorted by length, as sentence-transformers does: little padding, same vectors.
         order = np.argsort([-len(t) for t in texts], kind="stable")
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         for start in range(0, len(texts), batch_size):
             idx = order[start : start + batch_size]
-            enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=self.max_length,
-                                 return_tensors="np")
-            vecs = self.session.run(None, {k: enc[k].astype(np.int64) for k in self.inputs})[0]
-            out[idx] = vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
+            out[idx] = self._run(self.session, [texts[i] for i in idx])
         return out
+
+    def encode_each(self, texts: list[str]) -> np.ndarray:
+        """One text per call (int8: a vector must not depend on its batch), `threads` calls at once on
+        a single-threaded session: ONNX Runtime releases the GIL, and on one ~250-token text a second
+        intra-op thread mostly waits (2-core EPYC: 36 ms per text this way vs 38 ms with two intra-op
+        threads, one text at a time). The kernels are the same, so so are the vectors."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._bulk_session is None:
+            self._bulk_session = self._session(1)
+        with ThreadPoolExecutor(self.threads) as pool:
+            return np.concatenate(list(pool.map(lambda t: self._run(self._bulk_session, [t]), texts)))
+
+    def _run(self, session, texts: list[str]) -> np.ndarray:
+        enc = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="np")
+        vecs = session.run(None, {k: enc[k].astype(np.int64) for k in self.inputs})[0]
+        return vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
 
 
 def _st_max_seq_length(model_dir: Path) -> int | None:

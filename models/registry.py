@@ -15,6 +15,7 @@ from models.baselines import (
     Cascade, EnsembleRouter, KNNRouter, LogisticRouter, MatrixFactorizationRouter, MLPRouter, Oracle, RandomRouter,
     SingleWorker,
 )
+from models.embeddings import DEFAULT_MAX_SEQ
 from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.history import build_history_encoder
 from models.mtrouter.router import MTRouterRouter
@@ -22,29 +23,35 @@ from models.mtrouter.router import MTRouterRouter
 RouterFactory = Callable[[int], Router]
 
 
-def _ensemble(seed: int) -> Router:
-    """Every learned one-call baseline, averaged: kNN, logistic (embedding ⊕ TF-IDF), MLP and MF."""
-    return EnsembleRouter(
-        [
-            lambda: KNNRouter(),
-            lambda: LogisticRouter(use_tfidf=True, seed=seed),
-            lambda: MLPRouter(seed=seed),
-            lambda: MatrixFactorizationRouter(seed=seed),
-        ],
-        name="ensemble",
-    )
+# Ensembles by name: the mean of these routers' predicted qualities, each member built as
+# make_router(member, seed). The replay harness averages the members' own out-of-fold predictions
+# (the same fits, on the same folds) instead of fitting every member a second time.
+ENSEMBLES: dict[str, tuple[str, ...]] = {
+    # Every learned one-call baseline: kNN, logistic (embedding ⊕ TF-IDF), MLP and MF.
+    "ensemble": ("knn", "logistic_tfidf", "mlp", "mf"),
+}
+
+
+def _ensemble(seed: int, name: str = "ensemble") -> Router:
+    return EnsembleRouter([functools.partial(make_router, member, seed) for member in ENSEMBLES[name]], name=name)
+
+
+def single_turn_config() -> MTRouterConfig:
+    """MTRouter on one-call tables: φ reads the query with the shared query encoder's token budget,
+    so its vectors are the baselines' (one embedding per query per run)."""
+    return MTRouterConfig(max_history_tokens=DEFAULT_MAX_SEQ)
 
 
 def _mtrouter(seed: int) -> Router:
     """MTRouter's outcome estimator on a single-turn table (the history is the query)."""
-    return MTRouterRouter(history_encoder=shared_history_encoder(), seed=seed)
+    return MTRouterRouter(single_turn_config(), shared_history_encoder(), seed=seed)
 
 
 @functools.lru_cache(maxsize=1)
 def shared_history_encoder():
     """One history encoder for every fold and seed of a process, so each query is embedded once
     (its content-hash cache serves the other folds; cross-fitting builds a fresh router per fold)."""
-    return build_history_encoder(MTRouterConfig())
+    return build_history_encoder(single_turn_config())
 
 
 ROUTER_FACTORIES: dict[str, RouterFactory] = {

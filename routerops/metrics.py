@@ -235,6 +235,69 @@ def apgr(router_scores: ArrayLike, strong_correct: ArrayLike, weak_correct: Arra
     return (routellm_auc(curve) - weak_auc) / (strong_auc - weak_auc)
 
 
+def apgr_of_resamples(router_scores: ArrayLike, strong_correct: ArrayLike, weak_correct: ArrayLike,
+                      counts: np.ndarray, num_results: int = 10) -> np.ndarray:
+    """`apgr` of B bootstrap resamples at once: resample b takes query i counts[b, i] times. Equal to
+    `apgr(router_scores[idx], ...)` for idx the resample's query list (tests/routerops/test_metrics.py),
+    with the deciles of `routellm_curve` read off the resample's cumulative counts instead of a sort
+    per resample. NaN where APGR is undefined (strong and weak equally accurate on the resample, or
+    one score value only)."""
+    s = np.asarray(router_scores, dtype=float)
+    order = np.argsort(s, kind="stable")
+    s_sorted = s[order]
+    strong = np.asarray(strong_correct, dtype=float)[order]
+    weak = np.asarray(weak_correct, dtype=float)[order]
+    counts = np.atleast_2d(np.asarray(counts))[:, order].astype(float)
+    n = counts.sum(axis=1)  # queries per resample (every resample has len(s) in a bootstrap)
+    out = np.full(len(counts), np.nan)
+    quantiles = _qcut_fractions(num_results)
+    for b in range(len(counts)):
+        out[b] = _apgr_of_counts(s_sorted, strong, weak, counts[b], n[b], quantiles)
+    return out
+
+
+def _qcut_fractions(q: int) -> np.ndarray:
+    """The quantile fractions pandas.qcut(x, q) asks for, rounding included: linspace(0, 1, q + 1),
+    rounded up where not representable, passed through np.percentile as q · 100 and back."""
+    fractions = np.linspace(0, 1, q + 1)
+    np.putmask(fractions, q * fractions != np.arange(q + 1), np.nextafter(fractions, 1))
+    return fractions * 100 / 100
+
+
+def _apgr_of_counts(s_sorted: np.ndarray, strong: np.ndarray, weak: np.ndarray, c: np.ndarray, m: float,
+                    quantiles: np.ndarray) -> float:
+    cum = np.cumsum(c)
+    present = c > 0
+    if np.unique(s_sorted[present]).size < 2:
+        return float("nan")
+    # Linear-interpolated quantiles of the expanded (repeated) sorted sample, as np.quantile computes
+    # them: position h = (m − 1)·q, value lerp(a[⌊h⌋], a[⌊h⌋ + 1], h − ⌊h⌋) with numpy's own lerp.
+    h = (m - 1) * quantiles
+    lo = np.floor(h)
+    a = s_sorted[np.searchsorted(cum, lo, side="right")]
+    b = s_sorted[np.searchsorted(cum, np.minimum(lo + 1, m - 1), side="right")]
+    t = h - lo
+    diff = b - a
+    edges = np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
+    edges = np.unique(edges)  # qcut(duplicates="drop")
+    # Queries sent to the strong model at each edge: score ≥ edge (> for the last edge).
+    first = np.searchsorted(s_sorted, edges, side="left")
+    first[-1] = np.searchsorted(s_sorted, edges[-1], side="right")
+    strong_tail = np.concatenate([np.cumsum((c * strong)[::-1])[::-1], [0.0]])
+    weak_head = np.concatenate([[0.0], np.cumsum(c * weak)])
+    count_tail = np.concatenate([np.cumsum(c[::-1])[::-1], [0.0]])
+    share = count_tail[first] / m
+    accuracy = (strong_tail[first] + weak_head[first]) / m
+    by_share = np.argsort(share, kind="mergesort")
+    share, accuracy = share[by_share], accuracy[by_share]
+    strong_acc, weak_acc = float(c @ strong) / m, float(c @ weak) / m
+    span = share[-1] - share[0]
+    if strong_acc == weak_acc or span == 0:
+        return float("nan")
+    area = float(np.trapezoid(accuracy, share))
+    return (area - weak_acc * span) / ((strong_acc - weak_acc) * span)
+
+
 def cpt(router_scores: ArrayLike, strong_correct: ArrayLike, weak_correct: ArrayLike, pgr: float = 0.5,
         num_results: int = 10) -> float:
     """Call-Performance Threshold CPT(pgr), evaluate.py `pct_call_metric`: the percentage of calls

@@ -170,6 +170,20 @@ def read_format_meta(path: Path, expected_format: str, what: str) -> dict[str, A
     return meta
 
 
+def write_csv_atomic(frame: pd.DataFrame, path: str | Path) -> Path:
+    """A CSV written to a temp file beside `path`, then renamed (see write_json_atomic)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as fh:
+            frame.to_csv(fh, index=False)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return path
+
+
 def write_json_atomic(obj: Any, path: str | Path) -> Path:
     """JSON written to a temp file beside `path`, then renamed: a reader never sees half a file."""
     path = Path(path)

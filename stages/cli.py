@@ -19,6 +19,7 @@ import pandas as pd
 
 from evaluation.replay import run_replay_benchmark, split_table
 from models.baselines import PromptedLLMRouter
+from models.registry import ROUTER_FACTORIES
 from routerops import schema
 from routerops.envs.jsonl_qa import import_jsonl_qa
 from routerops.envs.replay import import_routellm_gsm8k, load_logged_outcomes, write_logged_outcomes
@@ -104,9 +105,47 @@ def replay_tables(args: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame 
     return None, scored, f"cross-fit k={args.k}"
 
 
+def replay_outputs(out: str) -> list[Path]:
+    """The three files `routerops replay` writes: the leaderboard, its curves and its metadata."""
+    board = Path(out)
+    return [board, board.with_suffix(".curves.csv"), board.with_suffix(".meta.json")]
+
+
+def check_replay_args(args: argparse.Namespace) -> None:
+    """Refuse, before any work, what would crash later or clobber an input: every check names its flag."""
+    if args.bootstrap < 0:
+        raise InputError("command line", "--bootstrap", f"resamples must be ≥ 0 (0 = no intervals), got {args.bootstrap}")
+    if args.k < 2:
+        raise InputError("command line", "--k", f"cross-fitting needs ≥ 2 folds, got {args.k}")
+    if not args.seeds:
+        raise InputError("command line", "--seeds", "give at least one seed")
+    known = set(ROUTER_FACTORIES) | {"prompted_llm"}
+    unknown = [r for r in args.routers if r not in known and not r.startswith("single:")]
+    if unknown:
+        raise InputError("command line", "--routers", f"unknown router {unknown[0]!r}; known: {sorted(known)} "
+                         "or single:<worker>")
+    inputs = {Path(p).resolve() for p in (args.table, args.train_table, args.prices) if p}
+    for path in replay_outputs(args.out):
+        if path.is_dir():
+            raise InputError("command line", "--out", f"{path} is a directory; give a file name such as "
+                             f"{path / 'leaderboard.csv'}")
+        if path.resolve() in inputs:
+            raise InputError("command line", "--out", f"{path} is an input of this run; writing it would "
+                             "overwrite the input")
+
+
+def check_folds_fit(args: argparse.Namespace, scored: pd.DataFrame, train: pd.DataFrame | None) -> None:
+    if train is None and args.k > scored["query_id"].nunique():
+        raise InputError(args.table, "--k", f"{args.k} folds need at least {args.k} queries; the table has "
+                         f"{scored['query_id'].nunique()}")
+
+
 def replay_command(args: argparse.Namespace) -> None:
-    """Leaderboard of every router on a logged-outcomes table (no live call)."""
+    """Leaderboard of every router on a logged-outcomes table (no live call). Arguments and tables are
+    checked before any router runs; the outputs are written atomically at the end."""
+    check_replay_args(args)
     train, scored, protocol = replay_tables(args)
+    check_folds_fit(args, scored, train)
     # SIGTERM (a scheduler stopping us) must unwind the `with` below so the local LLM server stops too.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
@@ -122,12 +161,12 @@ def replay_command(args: argparse.Namespace) -> None:
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(board.drop(columns=["protocol"]).round(4).to_string(index=False))
     print(f"protocol: {protocol}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    board.to_csv(out, index=False)
-    board.attrs["curves"].to_csv(out.with_suffix(".curves.csv"), index=False)
+    board_path, curves_path, meta_path = replay_outputs(args.out)
+    board_path.parent.mkdir(parents=True, exist_ok=True)
+    schema.write_csv_atomic(board, board_path)
+    schema.write_csv_atomic(board.attrs["curves"], curves_path)
     meta = {k: v for k, v in board.attrs.items() if k != "curves"}
-    schema.write_json_atomic({**meta, "argv": sys.argv[1:]}, out.with_suffix(".meta.json"))
+    schema.write_json_atomic({**meta, "argv": sys.argv[1:]}, meta_path)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,27 +23,56 @@ def _masked_bce(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) 
     return (loss * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def _train_epochs(model: nn.Module, x, y, m, epochs: int, lr: float, weight_decay: float, val=None, patience=None):
-    """Full-batch AdamW (n is a few thousand at most); returns per-epoch validation loss if `val`,
-    stopping once it has not improved for `patience` epochs."""
+# Up to this many training queries a step is one full-batch gradient (every table of the demo and of
+# RouteLLM's GSM8K). Beyond it, steps take minibatches of this size: the same number of AdamW updates
+# (max_epochs) at a fraction of the arithmetic. On a 14k-query table a full-batch step is a pass over
+# ~9k queries and a fit took ~45 s (benchmarks/replay_scale.py).
+FULL_BATCH_ROWS = 2048
+
+
+def _train_epochs(model: nn.Module, x, y, m, epochs: int, lr: float, weight_decay: float, val=None, patience=None,
+                  seed: int = 0):
+    """AdamW for `epochs` updates (full-batch while n ≤ FULL_BATCH_ROWS, else shuffled minibatches of
+    that size); returns the validation losses and the best weights if `val`, stopping once the loss
+    has not improved for `patience` updates. With minibatches the validation loss is read once per
+    pass over the data."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    history, best_state, best_loss = [], None, float("inf")
-    for _ in range(epochs):
-        model.train()
-        opt.zero_grad()
-        loss = _masked_bce(model(x), y, m)
-        loss.backward()
-        opt.step()
-        if val is not None:
-            model.eval()
-            with torch.no_grad():
-                vloss = _masked_bce(model(val[0]), val[1], val[2]).item()
-            history.append(vloss)
-            if vloss < best_loss:
-                best_loss, best_state = vloss, copy.deepcopy(model.state_dict())
-            if patience is not None and len(history) - 1 - int(np.argmin(history)) >= patience:
+    n = len(x)
+    batches = _batches(n, np.random.default_rng(seed))
+    history, best_state, best_loss, best_step = [], None, float("inf"), 0
+    step = 0
+    while step < epochs:
+        for rows in next(batches):
+            model.train()
+            opt.zero_grad()
+            loss = _masked_bce(model(x[rows]), y[rows], m[rows])
+            loss.backward()
+            opt.step()
+            step += 1
+            if step >= epochs:
                 break
-    return history, best_state
+        if val is None:
+            continue
+        model.eval()
+        with torch.no_grad():
+            vloss = _masked_bce(model(val[0]), val[1], val[2]).item()
+        history.append(vloss)
+        if vloss < best_loss:
+            best_loss, best_state, best_step = vloss, copy.deepcopy(model.state_dict()), step
+        if patience is not None and step - best_step >= patience:
+            break
+    return history, best_state, best_step
+
+
+def _batches(n: int, rng: np.random.Generator):
+    """Passes over n rows: one full batch (a slice, no copy) while n ≤ FULL_BATCH_ROWS, else a fresh
+    shuffle cut into minibatches."""
+    while True:
+        if n <= FULL_BATCH_ROWS:
+            yield [slice(None)]
+        else:
+            order = torch.as_tensor(rng.permutation(n))
+            yield [order[i : i + FULL_BATCH_ROWS] for i in range(0, n, FULL_BATCH_ROWS)]
 
 
 class TorchOutcomeRouter(Router):
@@ -101,13 +130,13 @@ class TorchOutcomeRouter(Router):
         folds = KFold(n_splits=max(self.n_bags, 2), shuffle=True, random_state=self.seed).split(x)
         for train, val in list(folds)[: self.n_bags]:
             model = self._build(x.shape[1], scores.shape[1])
-            history, best_state = _train_epochs(
+            _, best_state, best_step = _train_epochs(
                 model, *self._tensors(x[train], scores[train]), self.max_epochs, self.lr, self.weight_decay,
-                val=self._tensors(x[val], scores[val]), patience=self.patience,
+                val=self._tensors(x[val], scores[val]), patience=self.patience, seed=self.seed,
             )
             model.load_state_dict(best_state)
             self.models_.append(model.eval())
-            self.epochs_.append(int(np.argmin(history)) + 1)
+            self.epochs_.append(best_step)
         return self
 
     def predict_quality(self, data: RoutingData) -> np.ndarray:

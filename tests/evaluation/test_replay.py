@@ -276,3 +276,39 @@ def test_replay_cli_fits_on_another_table_and_refuses_overlap(tmp_path, monkeypa
     assert pd.read_csv(out).protocol.str.startswith(f"fit on {other}").all()
     # The same table on both sides would score routers on their own training queries: refused.
     assert cli(["replay", "--train-table", str(other), "--table", str(other), *common]) == 2
+
+
+def test_the_ensembles_row_reuses_its_members_folds_and_equals_fitting_it_whole(pair):
+    """run_replay_benchmark averages the members' own out-of-fold predictions; that must be exactly
+    what cross-fitting the EnsembleRouter itself predicts (same seed, same folds)."""
+    from evaluation.replay import SharedPredictions
+    from models.registry import ENSEMBLES, ROUTER_FACTORIES
+
+    shared = SharedPredictions(pair, 3, None, ROUTER_FACTORIES, ENSEMBLES)
+    reused = shared("ensemble", 1)
+    whole = cross_fit(pair, lambda seed: make_router("ensemble", seed), k=3, seed=1)
+    np.testing.assert_allclose(reused, whole, rtol=0, atol=1e-9)
+    assert {key for key in shared._done} == {("ensemble", 1)} | {(m, 1) for m in ENSEMBLES["ensemble"]}
+
+
+def test_bootstrap_intervals_bracket_the_estimate_and_mark_undefined_apgr():
+    from evaluation.replay import bootstrap_intervals, operating_points
+    from models.baselines import SingleWorker
+
+    # 60 queries, 70% vs 75% right (issue 9): many resamples make the two equally accurate.
+    rng = np.random.default_rng(0)
+    scores = np.zeros((60, 2))
+    scores[rng.permutation(60)[:42], 0] = 1
+    scores[rng.permutation(60)[:45], 1] = 1
+    data = RoutingData(query_ids=[f"q{i}" for i in range(60)], queries=[f"q{i}" for i in range(60)],
+                       workers=["weak", "strong"], scores=scores, costs=np.tile([1e-4, 1e-2], (60, 1)),
+                       embeddings=rng.normal(size=(60, 4)).astype(np.float32))
+    router = RandomRouter(seed=0)
+    quality = rng.random((60, 2))
+    ops = operating_points(router, quality, data)
+    out = bootstrap_intervals(router, ops, data, quality, n_boot=400, seed=0)
+    aiq = curve_aiq(ops.paid.mean(axis=1), ops.correct.mean(axis=1),
+                    (data.costs.min(axis=1).mean(), data.costs.mean(axis=0).max()))
+    assert out["aiq_lo"] <= aiq <= out["aiq_hi"]
+    assert out["apgr_lo"] < out["apgr_hi"]
+    assert 0 < out["apgr_boot_undefined"] < 400

@@ -223,3 +223,21 @@ def test_paired_bootstrap_diff_sees_a_small_consistent_gain():
 def test_paired_bootstrap_diff_needs_equal_lengths():
     with pytest.raises(ValueError):
         metrics.paired_bootstrap_diff([1, 0, 1], [1, 0])
+
+
+@pytest.mark.parametrize("n", [11, 21, 60, 101, 250])
+def test_apgr_of_resamples_equals_apgr_on_each_resample(n):
+    """The counts-based APGR (bootstrap of the replay leaderboard) is RouteLLM's APGR of the resampled
+    queries, to the last bit of the deciles: ties and (n − 1)·q landing on an integer included."""
+    rng = np.random.default_rng(n)
+    for trial in range(40):
+        score = rng.normal(size=n) if trial % 2 else rng.integers(0, 4, n) / 3.0
+        strong = (rng.random(n) < 0.8).astype(float)
+        weak = (rng.random(n) < 0.5).astype(float)
+        idx = rng.integers(0, n, n)
+        got = metrics.apgr_of_resamples(score, strong, weak, np.bincount(idx, minlength=n)[None, :])[0]
+        defined = np.unique(score[idx]).size > 1 and strong[idx].mean() != weak[idx].mean()
+        if not defined:
+            assert np.isnan(got)
+        else:
+            assert got == pytest.approx(metrics.apgr(score[idx], strong[idx], weak[idx]), abs=1e-12)

@@ -1,0 +1,126 @@
+"""`routerops replay` on the edges of valid input (issue 9): what is defined is reported, what is not is
+marked, bad arguments exit 2 naming the flag before any work, and no input is ever overwritten."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PRICES = """version: edge-test
+effective_date: 2024-06-01
+currency: USD
+prices:
+  weak: {input_per_1m: 0.6, output_per_1m: 0.6, cached_input_per_1m: 0.6, per_call: 0.0}
+  strong: {input_per_1m: 10.0, output_per_1m: 30.0, cached_input_per_1m: 10.0, per_call: 0.0}
+"""
+
+
+def outcome_table(n: int = 60, accuracy: dict[str, float] | None = None, seed: int = 0) -> pd.DataFrame:
+    """n queries; each worker right on exactly round(accuracy · n) of them."""
+    accuracy = accuracy or {"weak": 0.70, "strong": 0.75}
+    rng = np.random.default_rng(seed)
+    rows = []
+    for worker, acc in accuracy.items():
+        right = set(rng.permutation(n)[: round(acc * n)].tolist())
+        for i in range(n):
+            rows.append({"dataset": "edge", "query_id": f"q{i:03d}",
+                         "query": f"Question {i}: what is {i} plus {i % 7}?", "worker": worker,
+                         "score": float(i in right), "prompt_tokens": 30 + i % 5, "completion_tokens": 50})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(PRICES)
+    return tmp_path, prices
+
+
+def write(table: pd.DataFrame, path: Path) -> Path:
+    table.to_csv(path, index=False)
+    return path
+
+
+def replay(table: Path, prices: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stages.cli", "replay", "--table", str(table), "--prices", str(prices), "--out", str(out),
+                           "--routers", "random", "oracle", "--seeds", "0", *extra],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_apgr_undefined_on_resamples_is_reported_not_a_crash(files):
+    """60 queries, 70% vs 75% right, default 1000 resamples: many resamples tie the two workers."""
+    tmp, prices = files
+    out = tmp / "board.csv"
+    result = replay(write(outcome_table(), tmp / "t.csv"), prices, out)
+    assert result.returncode == 0, result.stderr
+    board = pd.read_csv(out).set_index("router")
+    assert np.isfinite(board.loc["oracle", ["aiq", "apgr", "apgr_lo", "apgr_hi"]].astype(float)).all()
+    assert board.loc["random", "apgr_boot_undefined"] > 0  # counted, and left out of the interval
+    assert board.loc["random", "apgr_lo"] <= board.loc["random", "apgr_hi"]
+
+
+def test_equally_accurate_workers_leave_apgr_undefined_and_the_rest_defined(files):
+    tmp, prices = files
+    out = tmp / "board.csv"
+    table = outcome_table(accuracy={"weak": 0.7, "strong": 0.7})
+    result = replay(write(table, tmp / "t.csv"), prices, out)
+    assert result.returncode == 0, result.stderr
+    board = pd.read_csv(out).set_index("router")
+    assert board["apgr"].isna().all()  # no gap to recover: undefined, so empty, never made up
+    assert board["aiq"].notna().all()
+
+
+def test_a_one_worker_table_gives_a_leaderboard_without_two_worker_metrics(files):
+    tmp, prices = files
+    out = tmp / "board.csv"
+    table = outcome_table(accuracy={"strong": 0.75})
+    result = replay(write(table, tmp / "t.csv"), prices, out)
+    assert result.returncode == 0, result.stderr
+    board = pd.read_csv(out)
+    assert set(board["router"]) == {"single:strong", "random", "oracle"}
+    assert "apgr" not in board.columns
+    assert board["best_accuracy"].eq(0.75).all()
+
+
+@pytest.mark.parametrize("flags, field", [
+    (("--k", "61"), "--k"),  # more folds than the 60 queries
+    (("--k", "1"), "--k"),
+    (("--bootstrap", "-3"), "--bootstrap"),
+    (("--routers", "random", "knnn"), "--routers"),
+])
+def test_bad_arguments_exit_2_naming_the_flag_and_write_nothing(files, flags, field):
+    tmp, prices = files
+    out = tmp / "board.csv"
+    result = replay(write(outcome_table(), tmp / "t.csv"), prices, out, *flags)
+    assert result.returncode == 2, result.stderr
+    assert field in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists() and not out.with_suffix(".curves.csv").exists()
+
+
+def test_out_equal_to_table_is_refused_and_the_table_is_unchanged(files):
+    tmp, prices = files
+    table = write(outcome_table(), tmp / "t.csv")
+    before = digest(table)
+    result = replay(table, prices, table)
+    assert result.returncode == 2 and "--out" in result.stderr and "overwrite" in result.stderr
+    assert digest(table) == before
+
+
+def test_out_that_is_a_directory_is_refused_before_any_work(files):
+    tmp, prices = files
+    (tmp / "adir").mkdir()
+    result = replay(write(outcome_table(), tmp / "t.csv"), prices, tmp / "adir")
+    assert result.returncode == 2 and "directory" in result.stderr and "Traceback" not in result.stderr
+    assert "routers" not in result.stdout  # refused before the leaderboard was computed
