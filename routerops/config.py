@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from routerops.errors import InputError
+from routerops.files import read_text
 
 
 @dataclass(frozen=True)
@@ -134,9 +135,10 @@ def _build(cls: type, raw: Any, path: Path, where: str) -> Any:
 def load_params(path: str | Path = "params.yaml", sections: tuple[str, ...] | None = None) -> Params:
     """Load params.yaml. With `sections`, only those sections are kept (the rest take defaults)."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(path, "<file>", "file not found")
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = yaml.safe_load(read_text(path)) or {}
+    except yaml.YAMLError as exc:
+        raise InputError(path, "<file>", f"not valid YAML: {exc}") from exc
     if sections is not None:
         raw = {k: v for k, v in raw.items() if k in sections}
     return _build(Params, raw, path, "")

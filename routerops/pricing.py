@@ -9,6 +9,7 @@ from its token counts, so a new price book re-prices logged trajectories without
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +19,14 @@ import pandas as pd
 import yaml
 
 from routerops.errors import InputError
+from routerops.files import read_text
 
 WORKER_KINDS = ("llm", "python", "sympy")
 PRICE_FIELDS = ("input_per_1m", "output_per_1m", "cached_input_per_1m", "per_call")
+BOOK_KEYS = ("version", "effective_date", "currency", "prices")
+POOL_KEYS = ("name", "workers")
+# Budgets, costs and every report are in USD; a book in another currency would be read as dollars.
+CURRENCY = "USD"
 
 
 @dataclass(frozen=True)
@@ -89,17 +95,43 @@ class PriceBook:
         ) / 1e6 + p.per_call
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.safe_load that refuses a key given twice in one mapping: YAML silently keeps the last,
+    so a worker priced twice would quietly take its second price."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        self.flatten_mapping(node)  # resolve `<<` merge keys first, as SafeLoader does
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, (str, int, float, bool, dt.date)):
+                continue  # an unhashable key: safe_load reports it itself
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def _read_yaml(path: Path) -> dict:
     path = Path(path)
-    if not path.is_file():
-        raise InputError(path, "<file>", "file not found")
+    text = read_text(path)  # InputError naming the byte offset for a binary or non-UTF-8 file
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         raise InputError(path, "<file>", f"not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise InputError(path, "<file>", "expected a mapping at the top level")
     return data
+
+
+def reject_unknown_keys(path: Path, data: dict, allowed: tuple[str, ...], where: str = "") -> None:
+    """A key the format does not define is an error, never ignored: a typo (`versoin`) would
+    otherwise leave the real field at its default. Suggests the closest allowed key."""
+    unknown = sorted(str(k) for k in data if k not in allowed)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], allowed, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(allowed)}"
+        raise InputError(path, f"{where}{unknown[0]}", f"unknown key; {hint}")
 
 
 def _require(path: Path, data: dict, key: str, where: str = "") -> Any:
@@ -111,18 +143,17 @@ def _require(path: Path, data: dict, key: str, where: str = "") -> Any:
 def load_pool(path: str | Path) -> Pool:
     path = Path(path)
     data = _read_yaml(path)
+    reject_unknown_keys(path, data, POOL_KEYS)
     raw_workers = _require(path, data, "workers")
     if not isinstance(raw_workers, list) or not raw_workers:
         raise InputError(path, "workers", "expected a non-empty list")
     workers, seen = [], set()
-    allowed = set(WorkerSpec.__dataclass_fields__)
+    allowed = tuple(WorkerSpec.__dataclass_fields__)
     for i, raw in enumerate(raw_workers):
         where = f"workers[{i}]."
         if not isinstance(raw, dict):
             raise InputError(path, f"workers[{i}]", "expected a mapping")
-        unknown = set(raw) - allowed
-        if unknown:
-            raise InputError(path, where + sorted(unknown)[0], "unknown key")
+        reject_unknown_keys(path, raw, allowed, where)
         name = _require(path, raw, "name", where)
         kind = _require(path, raw, "kind", where)
         if kind not in WORKER_KINDS:
@@ -147,9 +178,7 @@ def _parse_price(path: Path, worker: str, raw: Any) -> Price:
     where = f"prices.{worker}"
     if not isinstance(raw, dict):
         raise InputError(path, where, "expected a mapping of price fields")
-    unknown = set(raw) - set(PRICE_FIELDS)
-    if unknown:
-        raise InputError(path, f"{where}.{sorted(unknown)[0]}", "unknown price field")
+    reject_unknown_keys(path, raw, PRICE_FIELDS, f"{where}.")
     values = {}
     for key in PRICE_FIELDS:
         if key not in raw:
@@ -165,10 +194,33 @@ def _parse_price(path: Path, worker: str, raw: Any) -> Price:
     return Price(**values)
 
 
+def _parse_version(path: Path, data: dict) -> str:
+    """The book's version as text. Every re-priced episode records it (price_book_version), so an
+    empty or null version would leave costs that cannot be traced back to their prices."""
+    raw = _require(path, data, "version")
+    if isinstance(raw, dt.date):  # `version: 2026-11-01` unquoted is a YAML date
+        return str(raw)
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return str(raw)
+    if isinstance(raw, str) and raw.strip():
+        return raw
+    raise InputError(path, "version", f"expected a non-empty text such as \"2026-11-01\", got {raw!r}")
+
+
+def _parse_currency(path: Path, data: dict) -> str:
+    currency = data.get("currency", CURRENCY)
+    if currency != CURRENCY:
+        raise InputError(path, "currency", f"only {CURRENCY} is supported (budgets and reports are in "
+                                           f"{CURRENCY}), got {currency!r}")
+    return currency
+
+
 def load_price_book(path: str | Path) -> PriceBook:
+    """A checked price book; InputError(path, field, problem) for anything wrong in it."""
     path = Path(path)
     data = _read_yaml(path)
-    version = str(_require(path, data, "version"))
+    reject_unknown_keys(path, data, BOOK_KEYS)
+    version = _parse_version(path, data)
     raw_date = _require(path, data, "effective_date")
     try:
         date = raw_date if isinstance(raw_date, dt.date) else dt.date.fromisoformat(str(raw_date))
@@ -178,7 +230,7 @@ def load_price_book(path: str | Path) -> PriceBook:
     if not isinstance(raw_prices, dict) or not raw_prices:
         raise InputError(path, "prices", "expected a non-empty mapping worker -> prices")
     prices = {str(w): _parse_price(path, str(w), raw) for w, raw in raw_prices.items()}
-    return PriceBook(version=version, effective_date=date, prices=prices, currency=str(data.get("currency", "USD")))
+    return PriceBook(version=version, effective_date=date, prices=prices, currency=_parse_currency(path, data))
 
 
 def check_pool_priced(pool: Pool, book: PriceBook, book_path: str | Path = "price book") -> None:

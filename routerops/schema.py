@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -84,6 +85,12 @@ TURN_SCHEMA = pa.schema(
 
 SCHEMAS = {"episodes": EPISODE_SCHEMA, "turns": TURN_SCHEMA}
 
+TOKEN_COLUMNS = ("prompt_tokens", "completion_tokens", "cached_tokens")
+# The largest token count a row may hold: far above any call or episode (context windows are ~1e7
+# tokens), so a bigger value is a unit or parsing error. Bounded so that sums over millions of rows
+# stay within int64 and exact in the float64 cost arithmetic (< 2**53).
+MAX_TOKEN_COUNT = 10**12
+
 
 def episode_id(run_id: str, task_id: str, policy: str, seed: int) -> str:
     """Deterministic id, so a rerun recognises episodes it already finished."""
@@ -133,7 +140,36 @@ def read_table(path: str | Path, kind: str) -> pd.DataFrame:
     missing = [n for n in SCHEMAS[kind].names if n not in table.column_names]
     if missing:
         raise InputError(path, missing[0], "column missing")
-    return table.to_pandas()
+    frame = table.to_pandas()
+    for column in TOKEN_COLUMNS:
+        frame[column] = check_token_counts(frame[column], path, column, row_label(frame))
+    return frame
+
+
+def row_label(frame: pd.DataFrame):
+    """How an error names row i (0-based) of a trajectory table: its 1-based number and episode."""
+    return lambda i: f"row {i + 1} (episode {frame['episode_id'].iloc[i]})"
+
+
+def check_token_counts(values: pd.Series, source: Any, column: str, label=None) -> pd.Series:
+    """`values` as int64 token counts; InputError naming the first row that is not an integer from
+    0 to MAX_TOKEN_COUNT (a float 1e30 would otherwise wrap around to a negative int64)."""
+    label = label or (lambda i: f"row {i + 1}")
+    if isinstance(values.dtype, np.dtype) and values.dtype.kind in "iu":
+        # Compared as integers: above 2**53 a float comparison would not be exact.
+        counts = values.to_numpy()
+        bad = (counts < 0) | (counts > MAX_TOKEN_COUNT)
+    else:
+        counts = pd.to_numeric(values, errors="coerce").astype(float).to_numpy()
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(counts) | (counts < 0) | (counts > MAX_TOKEN_COUNT) | (counts != np.floor(counts))
+        bad |= values.map(lambda v: isinstance(v, (bool, np.bool_))).to_numpy(dtype=bool)  # True is not 1 token
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        value = values.iloc[i].item() if isinstance(values.iloc[i], np.generic) else values.iloc[i]
+        raise InputError(source, column, f"{label(i)}: {value!r} is not a token count "
+                                         f"(an integer from 0 to {MAX_TOKEN_COUNT:.0e})")
+    return pd.Series(counts.astype("int64"), index=values.index, name=values.name)
 
 
 def upgrade_v1_turns(table: pa.Table) -> pa.Table:

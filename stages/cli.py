@@ -39,8 +39,9 @@ def stage_command(args: argparse.Namespace) -> None:
 
 def reprice_command(args: argparse.Namespace) -> None:
     """Re-price a trajectory set under another price book, without any call."""
-    book = load_price_book(args.price_book)
     src, dst = Path(args.src), Path(args.out)
+    check_reprice_output(src, dst)  # before any work: a bad --out must not cost a run
+    book = load_price_book(args.price_book)
     episodes, turns = read_trajectories(src)
     unpriced = sorted(set(turns.worker) - set(book.prices))
     if unpriced:
@@ -53,17 +54,22 @@ def reprice_command(args: argparse.Namespace) -> None:
           f"total ${episodes.cost_usd.sum():.6f} -> {dst}")
 
 
+def check_reprice_output(src: Path, dst: Path) -> None:
+    """--out must be a folder (or not exist yet) other than --src: writing into --src would replace
+    the logged costs with the re-priced ones, and the old ones could not be recovered."""
+    if dst.exists() and not dst.is_dir():
+        raise InputError(dst, "--out", "exists and is not a folder")
+    if dst.resolve() == src.resolve():
+        raise InputError(dst, "--out", "is the --src folder; re-pricing would overwrite its tables")
+
+
 def read_trajectories(src: Path):
-    """Both tables, with every row's types and token counts checked before anything is computed."""
+    """Both tables, with every row's types and token counts checked before anything is computed
+    (schema.read_table checks the token counts, naming the file, the row and the episode)."""
     paths = {kind: src / f"{kind}.parquet" for kind in ("episodes", "turns")}
     tables = {kind: schema.read_table(path, kind) for kind, path in paths.items()}
     for kind, table in tables.items():
         check_column_types(table, kind, paths[kind])
-        for column in ("prompt_tokens", "completion_tokens", "cached_tokens"):
-            bad = table[table[column] < 0]
-            if len(bad):
-                raise InputError(paths[kind], column, f"{len(bad)} row(s) with negative token counts, "
-                                 f"e.g. episode {bad.episode_id.iloc[0]}")
     return tables["episodes"], tables["turns"]
 
 

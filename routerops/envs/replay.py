@@ -26,7 +26,9 @@ import pandas as pd
 from routerops.envs.jsonl_qa import read_json_lines, text_field
 from routerops.envs.qa import extract_answer
 from routerops.errors import InputError, RouteropsError
+from routerops.files import check_utf8
 from routerops.pricing import WorkerSpec
+from routerops.schema import check_token_counts
 from routerops.types import EpisodeState, Observation, Payload, Task, WorkerResult
 from routerops.workers.server import find_smollm2_gguf
 
@@ -54,8 +56,16 @@ def _read_frame(path: Path) -> pd.DataFrame:
             text = {c: str for c in (*TEXT_COLUMNS, *OPTIONAL_COLUMNS)}
             return pd.read_csv(path, dtype=text, keep_default_na=False, na_values={c: [""] for c in ("score", *TOKEN_COLUMNS)})
     except (OSError, ValueError) as exc:  # pyarrow and the CSV parser raise subclasses of these
-        raise InputError(path, "<file>", f"not readable as {suffix[1:]}: {exc}") from exc
+        raise unreadable(path, suffix[1:], exc) from exc
     raise InputError(path, "<file>", f"unsupported file type {suffix!r}: use .parquet or .csv")
+
+
+def unreadable(path: Path, kind: str, exc: Exception) -> InputError:
+    """The InputError for a file the parser gave up on; for text that is not UTF-8, one naming the
+    byte offset and line of the first bad byte (pandas only says 'position N' of some buffer)."""
+    if isinstance(exc, UnicodeDecodeError):
+        check_utf8(path)  # raises at the first byte that is not UTF-8
+    return InputError(path, "<file>", f"not readable as {kind}: {exc}")
 
 
 def _first_bad_row(mask: pd.Series) -> int:
@@ -89,13 +99,7 @@ def _check_score(source: Any, frame: pd.DataFrame) -> pd.Series:
 
 
 def _check_tokens(source: Any, frame: pd.DataFrame, column: str) -> pd.Series:
-    raw = frame[column]
-    values = pd.to_numeric(raw, errors="coerce").astype(float)
-    bad = values.isna() | (values < 0) | (values != np.floor(values)) | ~np.isfinite(values)
-    if raw.dtype == bool or bad.any():
-        row = _first_bad_row(bad) if bad.any() else 1
-        raise InputError(source, column, f"row {row}: {raw.iloc[row - 1]!r} is not an integer ≥ 0")
-    return values.astype("int64")
+    return check_token_counts(frame[column], source, column)
 
 
 def worker_order(frame: pd.DataFrame) -> list[str]:
@@ -217,7 +221,7 @@ def _read_routellm_csv(path: Path) -> tuple[pd.DataFrame, list[str]]:
     try:  # cells hold newlines inside quotes; the C parser keeps them in the cell
         raw = pd.read_csv(path, dtype=str, keep_default_na=False)
     except (OSError, ValueError) as exc:
-        raise InputError(path, "<file>", f"not readable as CSV: {exc}") from exc
+        raise unreadable(path, "CSV", exc) from exc
     if "prompt" not in raw.columns:
         raise InputError(path, "prompt", "column missing")
     models = [c for c in raw.columns if f"{c}_response" in raw.columns]

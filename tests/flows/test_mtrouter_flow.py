@@ -105,8 +105,10 @@ def test_mtrouter_flow_end_to_end(workdir):
     from routerops.envs.suites import read_tasks
 
     prompt = next(t.prompt for t in read_tasks(workdir / "data/mtrouter/tasks.jsonl") if t.split == "test")
+    # Through MLflow every input column is required; null = the whole pool, no budget, no turn limit.
     request = pd.DataFrame({"task": [prompt, prompt], "history": ["[]", json.dumps(
-        [{"action": "look around", "observation": "This room is called the greenhouse."}])]})
+        [{"action": "look around", "observation": "This room is called the greenhouse."}])],
+        "candidates": [None, None], "budget_usd": [None, None], "turns_left": [None, None]})
     served = mlflow.pyfunc.load_model("models:/mtrouter-scienceworld@champion").predict(request)
     local = ServedMTRouter(MTRouter.load(workdir / "data/mtrouter/routers/seed0")).predict(request)
     pd.testing.assert_frame_equal(served, local)

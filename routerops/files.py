@@ -1,0 +1,83 @@
+"""Reading user-supplied text files (YAML, JSONL, CSV) so that a wrong file is an `InputError`
+naming the file and where it goes wrong, never a `UnicodeDecodeError` traceback.
+
+Every text format routerops reads is UTF-8. A file that is not (a binary file passed by mistake, a
+CSV saved as Latin-1 by a spreadsheet) is reported with the byte offset and line of its first
+undecodable byte, so the user can find it with `head -c` or an editor.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterator
+from pathlib import Path
+
+from routerops.errors import InputError
+
+CHUNK_BYTES = 1 << 20
+
+
+def utf8_error(path: Path, data: bytes, exc: UnicodeDecodeError, base_offset: int = 0,
+               base_line: int = 1) -> InputError:
+    """The InputError for the undecodable byte `exc` found in `data`, which starts at file byte
+    `base_offset` on line `base_line`."""
+    offset = base_offset + exc.start
+    line = base_line + data.count(b"\n", 0, exc.start)
+    byte = data[exc.start:exc.start + 1].hex()
+    hint = " (is it a binary file?)" if b"\x00" in data[:4096] else "; save it as UTF-8"
+    return InputError(path, "<file>", f"not UTF-8 text: byte 0x{byte} at offset {offset} (line {line}){hint}")
+
+
+def read_text(path: str | Path) -> str:
+    """The whole file decoded as UTF-8; InputError if it is missing, unreadable or not UTF-8."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, "<file>", "file not found")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(path, "<file>", f"not readable: {exc.strerror or exc}") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise utf8_error(path, data, exc) from None
+
+
+def utf8_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, decoded line) for every line of a UTF-8 file, streamed; a line that is
+    not UTF-8 raises InputError naming the line and the byte offset."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, "<file>", "file not found")
+    offset = 0
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                yield number, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise utf8_error(path, raw, exc, offset, number) from None
+            offset += len(raw)
+
+
+def check_utf8(path: str | Path) -> None:
+    """Scan a file in chunks and raise InputError at its first byte that is not UTF-8; used after a
+    parser (pandas' CSV reader) failed to decode, to say where, without loading the file twice."""
+    path = Path(path)
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, line = 0, 1
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK_BYTES):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as exc:
+                # The incremental decoder reports positions within its buffer: the chunk plus at
+                # most 3 bytes of a character begun in the previous chunk.
+                carried = len(exc.object) - len(chunk)
+                raise utf8_error(path, exc.object, exc, offset - carried, line) from None
+            offset += len(chunk)
+            line += chunk.count(b"\n")
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as exc:
+            raise InputError(path, "<file>", f"not UTF-8 text: the file ends inside a character "
+                                             f"(offset {offset - len(exc.object) + exc.start})") from None
