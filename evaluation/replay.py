@@ -18,18 +18,20 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import joblib
 import numpy as np
 import pandas as pd
 from sklearn.model_selection import KFold
 from tqdm.auto import tqdm
 
 from models.base import Router, RoutingData
-from models.embeddings import default_encoder
+from models.embeddings import default_encoder, remember_vectors
 from models.mtrouter.ablations import SINGLE_TURN_ABLATIONS, run_ablations
 from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.history import build_history_encoder
@@ -49,13 +51,7 @@ STRONG_FRACTION = 0.95  # "cost at 95% of the strong model's accuracy"
 def cross_fit(data: RoutingData, router_factory: RouterFactory | Callable[[], Router], k: int = 5,
               seed: int = 0) -> np.ndarray:
     """(n, w) out-of-fold quality predictions: fold f is scored by a fresh router fitted on the rest."""
-    if not 2 <= k <= len(data):
-        raise ValueError(f"k={k} folds needs 2 ≤ k ≤ n={len(data)}")
-    quality = np.full((len(data), len(data.workers)), np.nan)
-    for train, test in KFold(n_splits=k, shuffle=True, random_state=seed).split(np.arange(len(data))):
-        router = _build(router_factory, seed).fit(data.subset(train))
-        quality[test] = router.predict_quality(data.subset(test))
-    return quality
+    return held_out_qualities(router_factory, data, k, [seed])[seed]
 
 
 def _build(factory, seed: int) -> Router:
@@ -259,15 +255,69 @@ def single_worker_reference(data: RoutingData) -> tuple[tuple[float, float], flo
 def fit_then_score(train: RoutingData, data: RoutingData, router_factory, seed: int = 0) -> np.ndarray:
     """(n, w) quality predictions on `data` of a fresh router fitted on `train` alone (a fixed split:
     nothing of `data` reaches the router's training data)."""
-    if list(train.workers) != list(data.workers):
+    return held_out_qualities(router_factory, data, 0, [seed], train)[seed]
+
+
+def held_out_qualities(factory, data: RoutingData, k: int, seeds: Sequence[int], train: RoutingData | None = None,
+                       n_jobs: int = 1, vectors_id: str | None = None) -> dict[int, np.ndarray]:
+    """{seed: (n, w) predictions by routers that never saw the query they score}: fitted on `train` (a
+    fixed split) when given, else cross-fitted on `data` with k folds per seed (cross_fit's folds).
+
+    Every (seed, fold) fit is one task; with n_jobs > 1 they run in that many worker processes
+    (joblib's loky). Each fit is single-threaded, so on 2 cores two folds at once take about the time
+    of one. `vectors_id`: the cache id of the encoder that embedded `data` (and `train`); a worker
+    puts those vectors in its own memo first, so a router that embeds (MTRouter's φ) finds them
+    there instead of running the encoder again.
+    """
+    if train is not None and list(train.workers) != list(data.workers):
         raise InputError("training table", "worker", f"trains on workers {train.workers}, scores {data.workers}")
-    return _build(router_factory, seed).fit(train).predict_quality(data)
+    if train is None and not 2 <= k <= len(data):
+        raise ValueError(f"k={k} folds needs 2 ≤ k ≤ n={len(data)}")
+    tasks = []  # (seed, rows fitted on or None for `train`, rows scored or None for all of `data`)
+    for seed in seeds:
+        if train is not None:
+            tasks.append((seed, None, None))
+            continue
+        folds = KFold(n_splits=k, shuffle=True, random_state=seed).split(np.arange(len(data)))
+        tasks.extend((seed, fit_rows, score_rows) for fit_rows, score_rows in folds)
+    if n_jobs > 1 and len(tasks) > 1:
+        run = joblib.delayed(_fit_and_score_in_worker)
+        results = joblib.Parallel(n_jobs=min(n_jobs, len(tasks)), backend="loky")(
+            run(factory, data, train, seed, fit_rows, score_rows, vectors_id) for seed, fit_rows, score_rows in tasks)
+    else:
+        results = [_fit_and_score(factory, data, train, *task) for task in tasks]
+    quality = {seed: np.full((len(data), len(data.workers)), np.nan) for seed in seeds}
+    for (seed, _, score_rows), predicted in zip(tasks, results):
+        quality[seed][slice(None) if score_rows is None else score_rows] = predicted
+    return quality
 
 
-def held_out_quality(factory, data: RoutingData, k: int, seed: int, train: RoutingData | None = None) -> np.ndarray:
-    """(n, w) predictions of routers that never saw the query they score: fitted on `train` (a fixed
-    split) when given, else cross-fitted on `data` with k folds."""
-    return cross_fit(data, factory, k=k, seed=seed) if train is None else fit_then_score(train, data, factory, seed)
+def _fit_and_score(factory, data: RoutingData, train: RoutingData | None, seed: int, fit_rows, score_rows) -> np.ndarray:
+    fit_on = train if fit_rows is None else data.subset(fit_rows)
+    scored = data if score_rows is None else data.subset(score_rows)
+    return _build(factory, seed).fit(fit_on).predict_quality(scored)
+
+
+def _fit_and_score_in_worker(factory, data, train, seed, fit_rows, score_rows, vectors_id) -> np.ndarray:
+    if vectors_id is not None:
+        for part in (data, train):
+            if part is not None and part.embeddings is not None:
+                remember_vectors(vectors_id, part.queries, part.embeddings)
+    return _fit_and_score(factory, data, train, seed, fit_rows, score_rows)
+
+
+# Below this many queries a replay fits in this process: starting workers (each imports torch and
+# sklearn, ~3 s) costs more than a second core saves on tables of a few thousand queries.
+PARALLEL_MIN_QUERIES = 3000
+MAX_JOBS = 8  # each worker holds its own copy of the table and the routers' libraries (~1 GB)
+
+
+def default_jobs(n_queries: int) -> int:
+    """Worker processes for a table of n queries: the CPUs this process may use, up to MAX_JOBS."""
+    if n_queries < PARALLEL_MIN_QUERIES:
+        return 1
+    return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+                      MAX_JOBS))
 
 
 class SharedPredictions:
@@ -277,41 +327,45 @@ class SharedPredictions:
     members are fitted once for their own rows and the ensemble's."""
 
     def __init__(self, data: RoutingData, k: int, train: RoutingData | None, factories: dict[str, RouterFactory],
-                 ensembles: dict[str, tuple[str, ...]]):
+                 ensembles: dict[str, tuple[str, ...]], n_jobs: int = 1, parallel: set[str] = frozenset(),
+                 vectors_id: str | None = None):
         self.data, self.k, self.train = data, k, train
         self.factories, self.ensembles = factories, ensembles
+        self.n_jobs, self.parallel, self.vectors_id = n_jobs, parallel, vectors_id
         self._done: dict[tuple[str, int], np.ndarray] = {}
 
-    def __call__(self, name: str, seed: int) -> np.ndarray:
-        key = (name, seed)
-        if key not in self._done:
-            if name in self.ensembles:
-                quality = np.mean([self(member, seed) for member in self.ensembles[name]], axis=0)
-            else:
-                factory = self.factories.get(name) or (lambda s, _n=name: make_router(_n, s))
-                quality = held_out_quality(factory, self.data, self.k, seed, self.train)
-            self._done[key] = quality
-        return self._done[key]
+    def __call__(self, name: str, seeds: Sequence[int]) -> dict[int, np.ndarray]:
+        todo = [seed for seed in seeds if (name, seed) not in self._done]
+        if todo and name in self.ensembles:
+            members = [self(member, todo) for member in self.ensembles[name]]
+            self._done.update({(name, seed): np.mean([m[seed] for m in members], axis=0) for seed in todo})
+        elif todo:
+            factory = self.factories.get(name) or (lambda s, _n=name: make_router(_n, s))
+            n_jobs = self.n_jobs if name in self.parallel or name.startswith("single:") else 1
+            fitted = held_out_qualities(factory, self.data, self.k, todo, self.train, n_jobs, self.vectors_id)
+            self._done.update({(name, seed): q for seed, q in fitted.items()})
+        return {seed: self._done[(name, seed)] for seed in seeds}
 
 
 def evaluate_router(name: str, factory: RouterFactory, data: RoutingData, k: int = 5,
                     seeds: Sequence[int] = (0, 1, 2), n_boot: int = 1000,
                     train: RoutingData | None = None, timings: dict | None = None,
-                    predict: Callable[[int], np.ndarray] | None = None) -> tuple[dict, pd.DataFrame]:
+                    predict: Callable[[Sequence[int]], dict[int, np.ndarray]] | None = None) -> tuple[dict, pd.DataFrame]:
     """The leaderboard row (means over seeds, the spread of APGR and AIQ across seeds, bootstrap
     intervals from the first seed) and the first seed's curve of `factory` on `data`: fitted on `train`
-    when given (fixed split), else cross-fitted on `data` with k folds. `predict(seed)`, when given,
-    supplies those predictions instead (run_replay_benchmark's shared ones). `timings`, when given,
+    when given (fixed split), else cross-fitted on `data` with k folds. `predict(seeds)`, when given,
+    supplies those predictions instead ({seed: quality}: run_replay_benchmark's shared ones). `timings`, when given,
     receives the seconds spent fitting and scoring, sweeping the knob and bootstrapping
     (benchmarks/replay_scale.py reads them)."""
     best, target = single_worker_reference(data)
     runs, first = [], None
     clock = {"fit_score_s": 0.0, "sweep_s": 0.0, "bootstrap_s": 0.0}
-    predict = predict or (lambda seed: held_out_quality(factory, data, k, seed, train))
+    predict = predict or (lambda todo: held_out_qualities(factory, data, k, todo, train))
+    start = time.perf_counter()
+    qualities = predict(list(seeds))
+    clock["fit_score_s"] += time.perf_counter() - start
     for seed in seeds:
-        start = time.perf_counter()
-        quality = predict(seed)
-        clock["fit_score_s"] += time.perf_counter() - start
+        quality = qualities[seed]
         start = time.perf_counter()
         router = _build(factory, seed)
         ops = operating_points(router, quality, data)
@@ -417,7 +471,7 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
                          include_singles: bool = True, progress: bool = True,
                          single_seed: Sequence[str] = ("oracle", "prompted_llm"),
                          train: str | Path | pd.DataFrame | RoutingData | None = None,
-                         protocol: str | None = None) -> pd.DataFrame:
+                         protocol: str | None = None, n_jobs: int | None = None) -> pd.DataFrame:
     """Leaderboard of `routers` (registry names, or keys of `factories`) on one logged-outcome table.
 
     Protocol: with `train` (another table, or the train split of the same one), every router is fitted
@@ -429,7 +483,8 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
     the best single worker, with 95% bootstrap intervals for AIQ and APGR. The sweep curves of the
     first seed are in `.attrs["curves"]`. `table` may already be RoutingData (then price_book is unused).
     Routers named in `single_seed` are deterministic given their folds (or slow: an LLM per query)
-    and run with the first seed only.
+    and run with the first seed only. `n_jobs`: worker processes for the registry routers' fits
+    (None: default_jobs(n)); routers from `factories` always fit in this process.
     """
     timings: dict = {"embedding_s": 0.0, "routers": {}}
     book = None if price_book is None or isinstance(price_book, PriceBook) else load_price_book(price_book)
@@ -443,8 +498,12 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
     protocol = protocol or (f"cross-fit k={k}" if train_data is None else "fixed split: fit on train, scored here")
     custom = factories or {}
     factories = {**ROUTER_FACTORIES, **custom}
+    n_jobs = default_jobs(len(data) + (0 if train_data is None else len(train_data))) if n_jobs is None else n_jobs
+    embedded_here = not isinstance(table, RoutingData)
     shared = SharedPredictions(data, k, train_data, factories,
-                               {name: members for name, members in ENSEMBLES.items() if name not in custom})
+                               {name: members for name, members in ENSEMBLES.items() if name not in custom},
+                               n_jobs=n_jobs, parallel=set(ROUTER_FACTORIES) - set(custom),
+                               vectors_id=(encoder or default_encoder()).cache_id if embedded_here else None)
     names = ([f"single:{w}" for w in data.workers] if include_singles else []) + list(routers)
     rows, curves = [], []
     for name in tqdm(names, desc="routers", disable=not progress):
@@ -458,6 +517,7 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
                                      timings=timings["routers"][name], predict=functools.partial(shared, name))
         rows.append({**row, "protocol": protocol})
         curves.append(curve)
+        log.info("%s: %s", name, ", ".join(f"{key} {value:.1f}" for key, value in timings["routers"][name].items()))
     board = pd.DataFrame(rows).sort_values("aiq", ascending=False, kind="mergesort").reset_index(drop=True)
     board.attrs["curves"] = pd.concat(curves, ignore_index=True)
     board.attrs["n_queries"] = len(data)

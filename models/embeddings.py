@@ -199,6 +199,12 @@ def shared_vectors() -> VectorMemo:
     return _MEMO
 
 
+def remember_vectors(cache_id: str, texts: Sequence[str], vectors: np.ndarray) -> None:
+    """Put vectors an encoder with `cache_id` computed into this process's memo (a replay's worker
+    processes start with an empty one; the parent ships the table's vectors with each task)."""
+    _MEMO.put_many({text_key(cache_id, str(t)): np.asarray(v, dtype=np.float32) for t, v in zip(texts, vectors)})
+
+
 def cpu_flags() -> dict:
     """The CPU a vector was computed on: model name and the SIMD extensions that change int8 and fp32
     kernels (AVX2, AVX-512, VNNI), from /proc/cpuinfo; empty flags where that file does not exist."""

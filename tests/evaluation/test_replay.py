@@ -285,7 +285,7 @@ def test_the_ensembles_row_reuses_its_members_folds_and_equals_fitting_it_whole(
     from models.registry import ENSEMBLES, ROUTER_FACTORIES
 
     shared = SharedPredictions(pair, 3, None, ROUTER_FACTORIES, ENSEMBLES)
-    reused = shared("ensemble", 1)
+    reused = shared("ensemble", [1])[1]
     whole = cross_fit(pair, lambda seed: make_router("ensemble", seed), k=3, seed=1)
     np.testing.assert_allclose(reused, whole, rtol=0, atol=1e-9)
     assert {key for key in shared._done} == {("ensemble", 1)} | {(m, 1) for m in ENSEMBLES["ensemble"]}
@@ -312,3 +312,14 @@ def test_bootstrap_intervals_bracket_the_estimate_and_mark_undefined_apgr():
     assert out["aiq_lo"] <= aiq <= out["aiq_hi"]
     assert out["apgr_lo"] < out["apgr_hi"]
     assert 0 < out["apgr_boot_undefined"] < 400
+
+
+def test_worker_processes_give_the_same_predictions_as_one_process(pair):
+    from evaluation.replay import held_out_qualities
+
+    factory = lambda seed: make_router("logistic", seed)  # noqa: E731
+    alone = held_out_qualities(factory, pair, 3, [0, 1], n_jobs=1)
+    workers = held_out_qualities(factory, pair, 3, [0, 1], n_jobs=2)
+    for seed in (0, 1):
+        np.testing.assert_allclose(workers[seed], alone[seed], rtol=0, atol=1e-9)
+        assert not np.isnan(workers[seed]).any()

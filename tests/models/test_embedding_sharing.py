@@ -77,3 +77,16 @@ def test_vectors_of_different_lengths_or_backends_never_share_a_key(tmp_path):
     ids = {SentenceEncoder(cache_dir=tmp_path, backend=b, max_seq_length=m).cache_id
            for b in ("torch", "onnx", "onnx-int8") for m in (None, 256, 512)}
     assert len(ids) == 9
+
+
+def test_remembered_vectors_are_served_without_running_the_encoder(fresh_process_state, tmp_path):
+    """What a replay worker process does first: the parent's vectors go into its memo, so MTRouter's
+    φ there reads them instead of embedding the table again."""
+    from models.embeddings import remember_vectors
+
+    texts = ["first query", "second query"]
+    encoder = SentenceEncoder(cache_dir=tmp_path, use_cache=False, backend="onnx-int8", max_seq_length=256)
+    vectors = np.eye(2, 384, dtype=np.float32)
+    remember_vectors(encoder.cache_id, texts, vectors)
+    np.testing.assert_array_equal(encoder.encode(texts), vectors)
+    assert encoder.embedded == 0
