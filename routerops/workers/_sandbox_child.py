@@ -24,7 +24,6 @@ import posix
 import resource
 import signal
 import sys
-import traceback
 import types
 
 
@@ -215,6 +214,8 @@ def run_program(cfg: dict) -> None:
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001 - the program's own failure: print it like Python would
+        import traceback  # only on failure: one import less on every call's start-up
+
         traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
         sys.exit(1)
     sys.exit(0)

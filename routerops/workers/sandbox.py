@@ -120,7 +120,8 @@ def _explain_failed_probe(probe: SandboxResult) -> str:
         return (f"bubblewrap cannot create its namespaces here ({said}). Unprivileged user namespaces must be "
                 "allowed: `sysctl -w kernel.unprivileged_userns_clone=1` and `sysctl -w user.max_user_namespaces="
                 "10000` (Ubuntu 24.04: also `kernel.apparmor_restrict_unprivileged_userns=0`); in Docker, run "
-                "with `--security-opt seccomp=unconfined --security-opt apparmor=unconfined`")
+                "with `--security-opt seccomp=unconfined --security-opt apparmor=unconfined --security-opt "
+                "systempaths=unconfined` (bwrap mounts a /proc of its own)")
     return f"the sandbox's probe program failed ({said})"
 
 

@@ -20,6 +20,7 @@ import functools
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from routerops.errors import RouteropsError
 from routerops.workers.sandbox_image import CHILD_PATH, WORKDIR, RuntimeImage, runtime_image
 
 SANDBOX_UID = SANDBOX_GID = 65534  # nobody / nogroup: what a root pipeline runs the sandbox as
+MIN_BWRAP = (0, 8)
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`; Fedora: "
                 "`dnf install bubblewrap`), or run `make install`, which does it on Debian")
 
@@ -69,9 +71,34 @@ def find_bwrap() -> str | None:
 
 def build_backend(bwrap: str) -> Backend:
     """Everything but the probe: raises SandboxUnavailable naming what is missing."""
+    _check_version(bwrap)
     return Backend(bwrap=bwrap, image=_image(), seccomp=seccomp_program(),
                    run_as=(SANDBOX_UID, SANDBOX_GID) if os.geteuid() == 0 else None,
-                   setpriv=shutil.which("setpriv"))
+                   setpriv=_setpriv_with_pdeathsig())
+
+
+def _check_version(bwrap: str) -> None:
+    """--disable-userns and a size-limited --tmpfs (--size) came with bubblewrap 0.8."""
+    try:
+        said = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10).stdout
+        version = tuple(int(part) for part in said.split()[-1].split(".")[:2])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        raise SandboxUnavailable(f"cannot run {bwrap} --version ({exc}): {INSTALL_HINT}") from exc
+    if version < MIN_BWRAP:
+        raise SandboxUnavailable(f"bubblewrap {'.'.join(map(str, MIN_BWRAP))} or newer is needed, {bwrap} is "
+                                 f"{said.strip()}: install a newer one (Debian 12 and Ubuntu 24.04 ship 0.8+)")
+
+
+def _setpriv_with_pdeathsig() -> str | None:
+    """util-linux setpriv, when it can set a parent-death signal (2.33+); the sandbox works without."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return None
+    try:
+        usage = subprocess.run([setpriv, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return setpriv if "--pdeathsig" in usage else None
 
 
 def _image() -> RuntimeImage:
