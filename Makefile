@@ -19,7 +19,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: install demo test test-fast mlflow-ui benchmarks replay mtrouter clean
+.PHONY: install sandbox-backend demo test test-fast mlflow-ui benchmarks replay mtrouter clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-install: $(STAMP)
+install: sandbox-backend $(STAMP)
+
+# The python tool runs model-written code only inside bubblewrap (README: "The code sandbox"); without
+# it the tool refuses and the sandbox tests skip. Installed here on Debian/Ubuntu when we are root.
+sandbox-backend:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing bubblewrap, the code sandbox's isolation backend"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap libseccomp2 >/dev/null) \
+	      || echo "could not install bubblewrap: the python tool will refuse to run code"; \
+	  else \
+	    echo "bubblewrap (bwrap) is missing: the python tool will refuse to run code until it is installed" \
+	         "(Debian/Ubuntu: sudo apt-get install -y bubblewrap; Fedora: sudo dnf install bubblewrap)"; \
+	  fi; }
 
 demo: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.pipeline
@@ -58,6 +71,7 @@ mtrouter: install
 benchmarks: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/collect_throughput.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/routing_latency.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/sandbox_overhead.py
 
 clean:
 	rm -rf data reports .routerops .prefect

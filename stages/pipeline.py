@@ -27,7 +27,7 @@ from routerops.pricing import check_pool_priced, derive_costs, load_pool, load_p
 from routerops.report import breakdown_by_split, evaluate_policies, write_report
 from routerops.rollout import collect_sync
 from routerops.validation import validate_trajectories, write_validation_report
-from routerops.workers import build_workers
+from routerops.workers import build_workers, check_pool_runnable
 from routerops.workers.server import local_llm_server
 from stages.manifest import write_manifest
 
@@ -81,6 +81,7 @@ def collect(params: Params, layout: Layout, tasks: Path) -> Trajectories:
     pool_file, book_file = layout.resolve(params.pool.file), layout.resolve(cfg.price_book)
     pool, book = load_pool(pool_file), load_price_book(book_file)
     check_pool_priced(pool, book, book_file)
+    check_pool_runnable(pool)  # before the LLM server starts: a pool whose tools cannot run fails now
     run_id = collection_run_id(params, layout, tasks)
     uses_local = any(w.kind == "llm" and w.endpoint == "local" for w in pool.workers)
     server = local_llm_server(n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) if uses_local else None

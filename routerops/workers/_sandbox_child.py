@@ -1,12 +1,17 @@
-"""Child side of routerops.workers.sandbox: run as a script, `python -I -B _sandbox_child.py CONFIG_JSON`,
-in the sandbox's temp dir, where the untrusted program is main.py. Never imported.
+"""Child side of routerops.workers.sandbox: run as a script inside bubblewrap,
+`python -I -B /opt/routerops/child.py CONFIG_JSON`, in the sandbox's tmpfs where the program is main.py.
+Never imported by the pipeline.
 
-It sets the OS limits, installs a PEP 578 audit hook, and runs main.py in a fresh `__main__` module.
-Code in the sandbox can patch builtins and modules (os, posixpath...) and can walk frames up to this
-module's globals, so the hook looks nothing up at call time: every function, constant and root it
-uses is bound once, as a closure variable of `make_guard` (a test checks the hook's code has no
-LOAD_GLOBAL). It keeps no mutable state, resolves symlinks itself with lstat/readlink (no audit events,
-so it never re-enters), and refuses the introspection that could reach its closure cells (gc, settrace).
+It is the sandbox's pid 1. It forks: the program runs in the child, under rlimits for CPU, memory,
+file size, open files and processes, optionally behind a PEP 578 audit hook, as main.py in a fresh
+`__main__` module; this process stays as its reaper and writes the program's exit status and CPU time
+to the status pipe (bwrap's exit status folds signals into 128 + N, and its resource usage misses the
+sandbox). The wall is the operating system (namespaces, read-only root, seccomp, an unprivileged uid):
+the hook is only a tripwire that names the limit a careless program ran into (filesystem, network,
+processes) instead of letting it fail obscurely.
+Code in the sandbox can reach the hook (an audit hook lives in the interpreter it polices) and may
+switch it off; nothing outside the sandbox depends on it. It still looks nothing up at call time (a
+test checks its code has no LOAD_GLOBAL), so patching builtins does not silence it by accident.
 """
 
 # The hook may not call builtins such as any() (see above), hence its plain loops and try/except.
@@ -19,21 +24,39 @@ import posix
 import resource
 import signal
 import sys
-import traceback
 import types
 
 
-def set_limits(cfg: dict) -> None:
-    def cap(kind: int, soft: int, hard: int | None = None) -> None:
-        resource.setrlimit(kind, (soft, soft if hard is None else hard))
+def cap(kind: int, soft: int, hard: int | None = None) -> None:
+    resource.setrlimit(kind, (soft, soft if hard is None else hard))
 
+
+def set_process_limit(cfg: dict) -> None:
+    """Before the fork: the tasks there are now (this reaper, pid 1), the program, and the
+    processes or threads it may add. RLIMIT_NPROC counts the tasks of our uid in our user namespace,
+    which holds only this sandbox."""
+    cap(resource.RLIMIT_NPROC, count_tasks() + 1 + cfg["processes"])
+
+
+def set_program_limits(cfg: dict) -> None:
     cap(resource.RLIMIT_CORE, 0)
     cap(resource.RLIMIT_CPU, cfg["cpu_s"], cfg["cpu_s"] + 1)  # SIGXCPU, then SIGKILL a second later
     cap(resource.RLIMIT_AS, cfg["memory_bytes"])
     cap(resource.RLIMIT_FSIZE, cfg["file_bytes"])
     cap(resource.RLIMIT_NOFILE, cfg["open_files"])
-    cap(resource.RLIMIT_NPROC, 0)  # no new processes or threads - for non-root users only
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write then fails with EFBIG
+
+
+def count_tasks() -> int:
+    """Processes and threads that exist now: /proc shows only this sandbox's PID namespace."""
+    total = 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                total += len(os.listdir(f"/proc/{pid}/task"))
+            except OSError:
+                continue
+    return total
 
 
 def resolve_early(path: str) -> str:
@@ -173,15 +196,17 @@ def report(fd: int, limit: str, message: str) -> None:
     os.write(fd, limit.encode())
 
 
-def main() -> None:
-    cfg = json.loads(sys.argv[1])
-    set_limits(cfg)
-    with open("main.py", encoding="utf-8") as f:
-        code = compile(f.read(), "main.py", "exec")
+def run_program(cfg: dict) -> None:
+    """In the forked child: limits, hook, then main.py; ends the process like Python would."""
+    os.close(cfg["status_fd"])  # only the reaper reports the exit status
+    set_program_limits(cfg)
     user_main = types.ModuleType("__main__")
     sys.modules["__main__"] = user_main  # the program never sees this module's globals by name
-    sys.addaudithook(make_guard(cfg))
+    if cfg["audit_hook"]:
+        sys.addaudithook(make_guard(cfg))
     try:
+        with open("main.py", encoding="utf-8", errors="replace") as f:
+            code = compile(f.read(), "main.py", "exec")
         exec(code, user_main.__dict__)
     except MemoryError:
         report(cfg["report_fd"], "memory", "allocation failed (MemoryError)")
@@ -189,8 +214,24 @@ def main() -> None:
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001 - the program's own failure: print it like Python would
+        import traceback  # only on failure: one import less on every call's start-up
+
         traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
         sys.exit(1)
+    sys.exit(0)
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    set_process_limit(cfg)
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        run_program(cfg)  # never returns: SystemExit ends the child
+    _, status, usage = os.wait4(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    os.write(cfg["status_fd"], json.dumps({"exit_code": code, "cpu_s": usage.ru_utime + usage.ru_stime}).encode())
+    os._exit(code if code >= 0 else 128 - code)
 
 
 if __name__ == "__main__":

@@ -1,57 +1,62 @@
-"""Run untrusted Python (code an LLM wrote) in a child process with time, memory, output, process,
-network and filesystem limits.
+"""Run untrusted Python (code an LLM wrote) walled off by the operating system.
 
-Layers, because no single one is enough when the pipeline runs as root:
-- OS limits set in the child before any user code runs: RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE,
-  RLIMIT_NOFILE, RLIMIT_CORE=0 and RLIMIT_NPROC=0 (the kernel ignores NPROC for root, so it only helps
-  when the pipeline runs unprivileged).
-- A network namespace (`unshare -n`, or `unshare -rn` for unprivileged users) when the machine allows it:
-  the child then has no interface but loopback-down, whatever the code does.
-- The parent supervises: wall-clock deadline, output cap (reads the pipes itself and kills when the
-  cap is passed), and a watchdog that kills the whole process group as soon as the child has a child.
-- A PEP 578 audit hook installed by the child (_sandbox_child.py) before the program runs: it stops the
-  program on process creation (os.fork, os.exec*, os.system, subprocess.Popen, posix_spawn...), on
-  any socket use, and on file access outside the temp dir (reads are also allowed under the stdlib
-  and site-packages, which imports need); it refuses ctypes foreign calls, cffi, gc introspection
-  and settrace. A spawn that raises no audit event (_posixsubprocess.fork_exec) is caught by the
-  watchdog. Audit hooks are a tripwire, not a wall (PEP 578 says so): as root, reads outside the temp
-  dir are stopped by the hook alone, so treat the sandbox as protection against careless code rather
-  than a boundary against a determined attacker.
+Each program runs in a fresh bubblewrap sandbox (sandbox_backend.py): an unprivileged uid in its own
+user, mount, PID, IPC, UTS and network namespaces, a read-only root holding only the interpreter and
+the allowed packages (sandbox_image.py), a private size-limited tmpfs as its working directory, a
+clean environment, no capabilities, no new privileges and a seccomp filter. Inside, before the
+program runs, _sandbox_child.py sets rlimits for CPU, memory, file size, open files and processes,
+and installs an audit hook that names the limit a careless program hit (a tripwire, never the wall).
 
-The child runs `python -I -B` (isolated: no PYTHON* env, no user site, no script dir on sys.path;
-no .pyc writes) in a fresh temp dir that is removed afterwards, in its own session/process group,
-with a minimal environment.
+The parent supervises: it reads stdout and stderr itself within the output cap, and at the wall-clock
+deadline kills the sandbox's PID-namespace init, which takes every process of the namespace with it,
+whatever they do with their stdout (setsid, double fork, holding the pipe open). Reading stops a short
+grace after that, so run_python never overruns wall_s by more than GRACE_S.
+
+No backend, no code execution: where bubblewrap cannot start, run_python raises SandboxUnavailable
+with what to install, and `sandbox_problem()` lets pool validation say so before a collection starts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import glob
 import json
 import os
 import selectors
-import shutil
 import signal
 import subprocess
-import sys
-import sysconfig
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from routerops.workers.sandbox_backend import (
+    INSTALL_HINT,
+    Backend,
+    SandboxUnavailable,
+    build_backend,
+    bwrap_command,
+    find_bwrap,
+    memfd_with,
+)
+from routerops.workers.sandbox_image import CHILD_PATH
+
+__all__ = ["LIMIT_NAMES", "SandboxLimits", "SandboxResult", "SandboxUnavailable", "require_sandbox", "run_python",
+           "sandbox_problem"]
+
 LIMIT_NAMES = ("cpu_time", "wall_time", "memory", "output", "processes", "network", "filesystem")
+GRACE_S = 0.5  # after a kill or the end of the sandbox, how long leftover output is still read
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
     cpu_s: int = 5  # CPU seconds (RLIMIT_CPU soft limit; SIGKILL one second later)
-    wall_s: float = 10.0  # wall-clock seconds before the parent kills the process group
-    memory_mb: int = 512  # address-space limit (RLIMIT_AS); the interpreter itself needs ~30 MB
+    wall_s: float = 10.0  # wall-clock seconds, start-up included, before the whole sandbox is killed
+    memory_mb: int = 512  # address-space limit per process (RLIMIT_AS); the interpreter needs ~30 MB
     output_bytes: int = 1_000_000  # stdout + stderr together; the program is killed past this
-    file_bytes: int = 16_000_000  # largest file the program may write in its temp dir (RLIMIT_FSIZE)
+    file_bytes: int = 16_000_000  # largest file the program may write (RLIMIT_FSIZE)
+    disk_bytes: int = 64_000_000  # size of its private tmpfs, all files together
     open_files: int = 64  # RLIMIT_NOFILE
+    processes: int = 0  # processes or threads beyond the program itself (RLIMIT_NPROC)
 
 
 @dataclass
@@ -61,123 +66,178 @@ class SandboxResult:
     exit_code: int  # negative: killed by that signal (subprocess convention)
     limit: str | None  # which limit stopped the program, one of LIMIT_NAMES, or None
     duration_s: float
-    cpu_s: float = 0.0  # user + system CPU time of the child
+    cpu_s: float = 0.0  # user + system CPU time of the sandbox
 
 
-# The child: sets the OS limits, installs the audit hook and runs main.py (see its docstring).
+# The child: sets the rlimits, installs the audit hook and runs main.py (see its docstring).
 CHILD_SCRIPT = Path(__file__).with_name("_sandbox_child.py")
+PROBE_CODE, PROBE_OUTPUT = "print('sandbox ok')", "sandbox ok\n"
+PROBE_LIMITS = SandboxLimits(cpu_s=5, wall_s=30.0)  # the first probe may wait for the image build
 
 
-def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-    """Run `code` as a program in a fresh sandbox; blocking (call it through asyncio.to_thread)."""
-    workdir = tempfile.mkdtemp(prefix="routerops-sandbox-")
-    report_r = report_w = -1
+def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *, audit_hook: bool = True) -> SandboxResult:
+    """Run `code` as a program in a fresh sandbox; blocking (call it through asyncio.to_thread).
+
+    audit_hook=False leaves out the tripwire, to show what the operating system stops by itself.
+    Raises SandboxUnavailable when the isolation backend cannot run here."""
+    return execute(code, limits, require_sandbox(), audit_hook)
+
+
+def sandbox_problem() -> str | None:
+    """Why the code primitive cannot run here (naming what to install), or None when it can."""
+    checked = _checked_backend(find_bwrap())
+    return checked if isinstance(checked, str) else None
+
+
+def require_sandbox() -> Backend:
+    checked = _checked_backend(find_bwrap())
+    if isinstance(checked, str):
+        raise SandboxUnavailable(checked)
+    return checked
+
+
+@functools.cache
+def _checked_backend(bwrap: str | None) -> Backend | str:
+    """The backend once a probe program ran in it, else the problem (cached per bwrap path)."""
+    if bwrap is None:
+        return f"bubblewrap (bwrap) is not on PATH, and the python tool runs code only inside it: {INSTALL_HINT}"
     try:
-        report_r, report_w = os.pipe()  # the child writes the name of the limit it hit here
-        Path(workdir, "main.py").write_text(code, encoding="utf-8")
-        config = {
-            "cpu_s": int(limits.cpu_s),
-            "memory_bytes": int(limits.memory_mb) * 1024 * 1024,
-            "file_bytes": int(limits.file_bytes),
-            "open_files": int(limits.open_files),
-            "report_fd": report_w,
-            "read_roots": _read_roots(),
-            "child_script": str(CHILD_SCRIPT),
-        }
-        cmd = [*_network_isolation_prefix(), sys.executable, "-I", "-B", str(CHILD_SCRIPT), json.dumps(config)]
+        backend = build_backend(bwrap)
+    except SandboxUnavailable as exc:
+        return str(exc)
+    try:
+        probe = execute(PROBE_CODE, PROBE_LIMITS, backend, audit_hook=True)
+    except OSError as exc:  # bwrap could not even be started (e.g. switching to SANDBOX_UID failed)
+        return f"cannot start bubblewrap ({bwrap}): {exc}"
+    if probe.exit_code == 0 and probe.stdout == PROBE_OUTPUT:
+        return backend
+    return _explain_failed_probe(probe)
+
+
+def _explain_failed_probe(probe: SandboxResult) -> str:
+    said = probe.stderr.strip()[-500:] or f"exit code {probe.exit_code}, no message"
+    if "namespace" in said or "uid map" in said or "Operation not permitted" in said:
+        return (f"bubblewrap cannot create its namespaces here ({said}). Unprivileged user namespaces must be "
+                "allowed: `sysctl -w kernel.unprivileged_userns_clone=1` and `sysctl -w user.max_user_namespaces="
+                "10000` (Ubuntu 24.04: also `kernel.apparmor_restrict_unprivileged_userns=0`); in Docker, run "
+                "with `--security-opt seccomp=unconfined --security-opt apparmor=unconfined --security-opt "
+                "systempaths=unconfined` (bwrap mounts a /proc of its own)")
+    return f"the sandbox's probe program failed ({said})"
+
+
+def execute(code: str, limits: SandboxLimits, backend: Backend, audit_hook: bool = True) -> SandboxResult:
+    """Run `code` in `backend` (run_python, once the backend has passed its probe)."""
+    parent_ends, child_ends = [], []
+    try:
+        report_r, report_w = os.pipe()  # the audit hook writes the name of the limit it hit here
+        status_r, status_w = os.pipe()  # the child's reaper writes the exit status and CPU time here
+        info_r, info_w = os.pipe()  # bwrap writes {"child-pid": ...} here once the sandbox exists
+        parent_ends += [report_r, status_r, info_r]
+        fds = {"info": info_w, "seccomp": memfd_with(backend.seccomp, "seccomp"),
+               "child": memfd_with(_child_script(), "child"),
+               "program": memfd_with(code.encode("utf-8", "replace"), "program")}
+        child_ends += [report_w, status_w, *fds.values()]
+        config = {"cpu_s": int(limits.cpu_s), "memory_bytes": int(limits.memory_mb) * 1024 * 1024,
+                  "file_bytes": int(limits.file_bytes), "open_files": int(limits.open_files),
+                  "processes": int(limits.processes), "report_fd": report_w, "status_fd": status_w,
+                  "audit_hook": audit_hook,
+                  "read_roots": list(backend.image.read_roots), "child_script": CHILD_PATH}
+        argv = [backend.image.python, "-I", "-B", CHILD_PATH, json.dumps(config)]
         started = time.monotonic()
         proc = subprocess.Popen(
-            cmd, cwd=workdir, env=_minimal_env(workdir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, pass_fds=(report_w,), start_new_session=True,
-        )
-        os.close(report_w)
-        report_w = -1
-        return _supervise(proc, report_r, limits, started)
+            bwrap_command(backend, fds, int(limits.disk_bytes), argv), env={}, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=child_ends, start_new_session=True,
+            **_run_as(backend))
+        _close(child_ends)  # only the sandbox holds them now: EOF on report/info means it is gone
+        return _supervise(proc, {"report": report_r, "status": status_r, "info": info_r}, limits, started)
     finally:
-        for fd in (report_r, report_w):
-            if fd >= 0:
-                os.close(fd)
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _read_roots() -> list[str]:
-    """Directories the child may read: the stdlib (with lib-dynload) and site-packages, for imports."""
-    paths = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return sorted(p for p in paths if p and os.path.isdir(p))
-
-
-def _minimal_env(workdir: str) -> dict[str, str]:
-    # One BLAS/OpenMP thread: threads count against the process limit and would share the CPU limit.
-    env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-    env.update({k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
-    return env
+        _close(parent_ends + child_ends)
 
 
 @functools.lru_cache(maxsize=1)
-def _network_isolation_prefix() -> tuple[str, ...]:
-    """`unshare -n` (root) or `unshare -rn` (user namespaces) if this machine permits it, else nothing."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return ()
-    prefix = (unshare, "-n") if os.geteuid() == 0 else (unshare, "-r", "-n")
-    try:
-        probe = subprocess.run([*prefix, "--", "true"], capture_output=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    return (*prefix, "--") if probe.returncode == 0 else ()
+def _child_script() -> bytes:
+    return CHILD_SCRIPT.read_bytes()
+
+
+def _run_as(backend: Backend) -> dict:
+    if backend.run_as is None:
+        return {}
+    uid, gid = backend.run_as
+    return {"user": uid, "group": gid, "extra_groups": []}
+
+
+def _close(fds: list[int]) -> None:
+    while fds:
+        with contextlib.suppress(OSError):
+            os.close(fds.pop())
 
 
 class _Supervisor:
-    """Reads the child's pipes within the output cap and the deadline; kills its group when needed."""
+    """Reads the sandbox's pipes within the output cap and the deadline; kills the whole sandbox.
+
+    side: the small pipes besides stdout and stderr: "report" (the limit the audit hook hit), "status"
+    (the reaper's exit status and CPU time) and "info" (bwrap's JSON with the namespace init's pid)."""
 
     POLL_S = 0.02
+    SIDE_BYTES = 4096  # the side pipes carry a few bytes; never buffer more
 
-    def __init__(self, proc: subprocess.Popen, report_fd: int, limits: SandboxLimits, started: float):
-        self.proc, self.limits, self.started = proc, limits, started
+    def __init__(self, proc: subprocess.Popen, side: dict[str, int], limits: SandboxLimits, started: float):
+        self.proc, self.limits = proc, limits
         self.deadline = started + limits.wall_s
         self.out_fd, self.err_fd = proc.stdout.fileno(), proc.stderr.fileno()
         self.buffers = {self.out_fd: bytearray(), self.err_fd: bytearray()}
-        self.report = bytearray()
-        self.report_fd = report_fd
+        self.side_of = {fd: name for name, fd in side.items()}
+        self.side = {name: bytearray() for name in side}
         self.total = 0
         self.killed_for: str | None = None
+        self.stop_at: float | None = None  # end of the grace period after a kill or bwrap's exit
+        self.init_pidfd = -1  # the sandbox's PID-namespace init: killing it empties the namespace
         self.selector = selectors.DefaultSelector()
-        for fd in (*self.buffers, report_fd):
+        for fd in (*self.buffers, *self.side_of):
             self.selector.register(fd, selectors.EVENT_READ)
 
     def kill(self, reason: str) -> None:
         if self.killed_for is None:
             self.killed_for = reason
-        _kill_group(self.proc.pid)
+            self.stop_at = time.monotonic() + GRACE_S
+        self.kill_sandbox()
+
+    def kill_sandbox(self) -> None:
+        if self.init_pidfd >= 0:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.init_pidfd, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.proc.pid, signal.SIGKILL)  # bwrap; --die-with-parent takes the namespace too
 
     def pump(self) -> None:
-        """Read until every pipe is closed and the child has exited, or a limit kills it."""
-        open_fds = len(self.buffers) + 1
+        """Read until the sandbox is gone and its pipes are closed, or the grace after a kill ends."""
+        exited = False
         while True:
-            exited = _has_exited(self.proc.pid)
-            if exited:
-                _kill_group(self.proc.pid)  # a straggler holding our pipes open dies with the group
-                if not open_fds:
-                    break
-            elif time.monotonic() > self.deadline and self.killed_for is None:
+            now = time.monotonic()
+            if not exited and _has_exited(self.proc.pid):
+                exited = True
+                self.stop_at = min(self.stop_at or now + GRACE_S, now + GRACE_S)
+            if not exited and now > self.deadline:
                 self.kill("wall_time")
-            elif self.killed_for is None and _has_children(self.proc.pid):
-                self.kill("processes")
-            if not open_fds:
+            if (exited and not self.selector.get_map()) or (self.stop_at and now > self.stop_at):
+                break
+            if not self.selector.get_map():
                 time.sleep(self.POLL_S / 4)
                 continue
             for key, _ in self.selector.select(timeout=self.POLL_S):
                 if not self._read(key.fd):
                     self.selector.unregister(key.fd)
-                    open_fds -= 1
         self.selector.close()
 
     def _read(self, fd: int) -> bool:
         chunk = os.read(fd, 65536)
         if not chunk:
             return False
-        if fd == self.report_fd:
-            self.report += chunk[:64]
+        if fd in self.side_of:
+            name = self.side_of[fd]
+            self.side[name].extend(chunk[: self.SIDE_BYTES - len(self.side[name])])
+            if name == "info":
+                self._watch_init()
             return True
         room = max(self.limits.output_bytes - self.total, 0)
         self.buffers[fd] += chunk[:room]
@@ -186,26 +246,60 @@ class _Supervisor:
             self.kill("output")
         return True
 
+    def _watch_init(self) -> None:
+        """A pidfd on the namespace's init, once bwrap has reported it; checked to be bwrap's child,
+        so that a recycled pid can never make us signal an unrelated process."""
+        if self.init_pidfd >= 0:
+            return
+        with contextlib.suppress(ValueError, KeyError, TypeError, OSError):  # not all of the JSON yet
+            pid = int(json.loads(self.side["info"].decode())["child-pid"])
+            pidfd = os.pidfd_open(pid)
+            if _parent_of(pid) == self.proc.pid:
+                self.init_pidfd = pidfd
+            else:
+                os.close(pidfd)
 
-def _supervise(proc: subprocess.Popen, report_fd: int, limits: SandboxLimits, started: float) -> SandboxResult:
-    sup = _Supervisor(proc, report_fd, limits, started)
+    def status(self) -> tuple[int | None, float]:
+        """(exit code, CPU seconds) as the reaper inside reported them; (None, 0.0) when it could not."""
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            status = json.loads(self.side["status"].decode())
+            return int(status["exit_code"]), float(status["cpu_s"])
+        return None, 0.0
+
+    def close(self) -> None:
+        if self.init_pidfd >= 0:
+            os.close(self.init_pidfd)
+
+
+def _supervise(proc: subprocess.Popen, side: dict[str, int], limits: SandboxLimits, started: float) -> SandboxResult:
+    sup = _Supervisor(proc, side, limits, started)
     try:
         sup.pump()
     finally:
-        _kill_group(proc.pid)  # sweep anything left in the group before the leader is reaped
-        _, status, usage = os.wait4(proc.pid, 0)
+        sup.kill_sandbox()  # nothing of it outlives the call, whatever ended the pump
+        _, status, _ = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)  # tell Popen the child is reaped
         proc.stdout.close()
         proc.stderr.close()
-    cpu = usage.ru_utime + usage.ru_stime
+        sup.close()
+    exit_code, cpu = sup.status()
+    if exit_code is None or sup.killed_for:  # killed by us, or the reaper was: bwrap's status is all there is
+        exit_code = _program_exit_code(proc.returncode)
     return SandboxResult(
         stdout=sup.buffers[sup.out_fd].decode("utf-8", "replace"),
         stderr=sup.buffers[sup.err_fd].decode("utf-8", "replace"),
-        exit_code=proc.returncode,
-        limit=_which_limit(sup.killed_for, bytes(sup.report), proc.returncode, cpu, limits),
+        exit_code=exit_code,
+        limit=_which_limit(sup.killed_for, bytes(sup.side["report"]), exit_code, cpu, limits),
         duration_s=time.monotonic() - started,
         cpu_s=cpu,
     )
+
+
+def _program_exit_code(bwrap_code: int) -> int:
+    """bwrap exits with 128 + N when the program died of signal N: report that as -N, like subprocess."""
+    if 128 < bwrap_code < 128 + signal.NSIG:
+        return -(bwrap_code - 128)
+    return bwrap_code
 
 
 def _which_limit(killed_for: str | None, report: bytes, exit_code: int, cpu: float, limits: SandboxLimits):
@@ -221,22 +315,10 @@ def _which_limit(killed_for: str | None, report: bytes, exit_code: int, cpu: flo
 
 
 def _has_exited(pid: int) -> bool:
-    # WNOWAIT: leave the child a zombie so its process-group id stays valid for the final sweep.
-    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    return info is not None
+    # WNOWAIT: leave bwrap a zombie, so its pid cannot be reused before we kill and reap it.
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
-def _has_children(pid: int) -> bool:
-    """True when any thread of `pid` has a child process (Linux /proc; False where unavailable)."""
-    for path in glob.glob(f"/proc/{pid}/task/*/children"):
-        try:
-            if Path(path).read_text().strip():
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+def _parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rpartition(")")[2].split()[1])  # the field after the state, past the command name

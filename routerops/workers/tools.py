@@ -2,7 +2,8 @@
 
 Both return the tool's answer as text. A program that fails, or an expression that does not parse, is
 an *answer* ("Error: ..." in the text, WorkerResult.error empty) that the router learns from; only a
-tool that could not run at all (the sandbox failed to start) sets WorkerResult.error.
+tool that could not run at all (the sandbox failed to start, or cannot exist on this machine) sets
+WorkerResult.error.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from sympy.parsing.sympy_parser import (
 from routerops.pricing import WorkerSpec
 from routerops.types import Payload, WorkerResult
 from routerops.workers.concurrency import ConcurrencyLimit
-from routerops.workers.sandbox import SandboxLimits, SandboxResult, run_python
+from routerops.workers.sandbox import SandboxLimits, SandboxResult, SandboxUnavailable, run_python
 
 _FENCE = re.compile(r"```[ \t]*(python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _STDERR_TAIL_CHARS = 2000
@@ -66,6 +67,8 @@ class PythonWorker:
         async with self._slots:
             try:
                 result = await asyncio.to_thread(run_python, code, self.limits)
+            except SandboxUnavailable as exc:  # no isolation backend here: refuse, never run unsandboxed
+                return WorkerResult(text="", latency_s=time.monotonic() - started, error=f"sandbox unavailable: {exc}")
             except OSError as exc:  # the sandbox itself could not start
                 return WorkerResult(text="", latency_s=time.monotonic() - started, error=f"sandbox failed: {exc}")
         return WorkerResult(text=describe_run(result), latency_s=time.monotonic() - started)
