@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("replay_scale").setLevel(logging.INFO)
+    logging.getLogger("evaluation.replay").setLevel(logging.INFO)  # per-router timings as they finish
 
     from models.embeddings import shared_vectors
     from evaluation.replay import run_replay_benchmark
