@@ -36,7 +36,7 @@ from models.mtrouter.ablations import SINGLE_TURN_ABLATIONS, run_ablations
 from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.history import build_history_encoder
 from models.mtrouter.router import MTRouterRouter
-from models.registry import ENSEMBLES, ROUTER_FACTORIES, make_router
+from models.registry import ENSEMBLES, ROUTER_FACTORIES, make_router, same_predictions
 from routerops import metrics
 from routerops.envs.replay import load_logged_outcomes, validate_logged_outcomes, worker_order
 from routerops.errors import InputError, RouteropsError
@@ -309,6 +309,7 @@ def _fit_and_score_in_worker(factory, data, train, seed, fit_rows, score_rows, v
 # Below this many queries a replay fits in this process: starting workers (each imports torch and
 # sklearn, ~3 s) costs more than a second core saves on tables of a few thousand queries.
 PARALLEL_MIN_QUERIES = 3000
+NOTHING_TO_FIT = ("random", "oracle")  # and single:<worker>: faster in this process than a worker's start
 MAX_JOBS = 8  # each worker holds its own copy of the table and the routers' libraries (~1 GB)
 
 
@@ -324,7 +325,9 @@ class SharedPredictions:
     """One run's held-out predictions per (router, seed), computed once: an ensemble named in
     models.registry.ENSEMBLES is the mean of its members' predictions, the very fits its own
     EnsembleRouter would make (each member built with the same seed, on the same folds), so the
-    members are fitted once for their own rows and the ensemble's."""
+    members are fitted once for their own rows and the ensemble's; a router whose predictions are
+    another's on this table (models.registry.same_predictions) reuses them. Only registry routers
+    (`parallel`) are shared or sent to worker processes; custom factories run here as given."""
 
     def __init__(self, data: RoutingData, k: int, train: RoutingData | None, factories: dict[str, RouterFactory],
                  ensembles: dict[str, tuple[str, ...]], n_jobs: int = 1, parallel: set[str] = frozenset(),
@@ -332,16 +335,20 @@ class SharedPredictions:
         self.data, self.k, self.train = data, k, train
         self.factories, self.ensembles = factories, ensembles
         self.n_jobs, self.parallel, self.vectors_id = n_jobs, parallel, vectors_id
+        self._responses_logged = data.responses is not None or (train is not None and train.responses is not None)
         self._done: dict[tuple[str, int], np.ndarray] = {}
 
     def __call__(self, name: str, seeds: Sequence[int]) -> dict[int, np.ndarray]:
         todo = [seed for seed in seeds if (name, seed) not in self._done]
-        if todo and name in self.ensembles:
+        twin = same_predictions(name, self._responses_logged) if name in self.parallel else None
+        if todo and twin in self.parallel:
+            self._done.update({(name, seed): q for seed, q in self(twin, todo).items()})
+        elif todo and name in self.ensembles:
             members = [self(member, todo) for member in self.ensembles[name]]
             self._done.update({(name, seed): np.mean([m[seed] for m in members], axis=0) for seed in todo})
         elif todo:
             factory = self.factories.get(name) or (lambda s, _n=name: make_router(_n, s))
-            n_jobs = self.n_jobs if name in self.parallel or name.startswith("single:") else 1
+            n_jobs = self.n_jobs if name in self.parallel else 1
             fitted = held_out_qualities(factory, self.data, self.k, todo, self.train, n_jobs, self.vectors_id)
             self._done.update({(name, seed): q for seed, q in fitted.items()})
         return {seed: self._done[(name, seed)] for seed in seeds}
@@ -502,7 +509,7 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
     embedded_here = not isinstance(table, RoutingData)
     shared = SharedPredictions(data, k, train_data, factories,
                                {name: members for name, members in ENSEMBLES.items() if name not in custom},
-                               n_jobs=n_jobs, parallel=set(ROUTER_FACTORIES) - set(custom),
+                               n_jobs=n_jobs, parallel=set(ROUTER_FACTORIES) - set(custom) - set(NOTHING_TO_FIT),
                                vectors_id=(encoder or default_encoder()).cache_id if embedded_here else None)
     names = ([f"single:{w}" for w in data.workers] if include_singles else []) + list(routers)
     rows, curves = [], []

@@ -32,6 +32,16 @@ ENSEMBLES: dict[str, tuple[str, ...]] = {
 }
 
 
+def same_predictions(name: str, responses_logged: bool) -> str | None:
+    """Another router whose predicted qualities are `name`'s on a table, or None. A cascade's scorer
+    on a table without logged responses is the logistic router's model: the same query features, the
+    same fit_outcome_model, the same seed (tests/evaluation/test_replay.py checks it); only its
+    knob (an acceptance threshold) and so its curve differ. The replay harness fits it once."""
+    if name == "cascade" and not responses_logged:
+        return "logistic"
+    return None
+
+
 def _ensemble(seed: int, name: str = "ensemble") -> Router:
     return EnsembleRouter([functools.partial(make_router, member, seed) for member in ENSEMBLES[name]], name=name)
 

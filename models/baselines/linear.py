@@ -9,7 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import sparse
 from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.linear_model import LogisticRegressionCV, RidgeCV
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.linear_model import LogisticRegression, LogisticRegressionCV, RidgeCV
+from sklearn.metrics import log_loss
 from sklearn.model_selection import StratifiedShuffleSplit
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -19,9 +21,10 @@ from models.baselines.features import QueryFeaturizer, is_binary, single_threade
 
 C_GRID = np.logspace(-4, 1, 8)  # on standardised dense features
 C_GRID_SPARSE = np.logspace(-2, 2, 8)  # on TF-IDF ⊕ unit-norm embedding ⊕ standardised surface features
-# C is chosen by 5 inner folds up to this many training queries; beyond, by one stratified 20% hold-out:
-# a fifth of the fits, and a hold-out of ≥ 1,000 queries measures log loss as steadily as the five
-# folds of a few hundred that small tables need. (A 14k-query replay runs 15 fits per worker.)
+# C is chosen by 5 inner folds up to this many training queries; beyond, by one stratified 20% hold-out
+# (HoldOutLogistic): a fifth of the fits, and a hold-out of ≥ 1,000 queries measures log loss as
+# steadily as the five folds of a few hundred that small tables need. (A 14k-query replay runs 15
+# fits per worker.)
 HOLDOUT_ABOVE = 5000
 
 
@@ -66,7 +69,7 @@ def _fold(model, logistic: bool) -> LinearOutcome:
 
 def fit_outcome_model(x, y: np.ndarray, seed: int = 0) -> LinearOutcome:
     """A calibrated P(correct | x) for one worker: L2 logistic regression with C chosen by inner
-    5-fold CV on log loss (continuous scores: ridge with its alpha chosen by efficient leave-one-out).
+    5-fold CV on log loss (by a hold-out above HOLDOUT_ABOVE queries) (continuous scores: ridge with its alpha chosen by efficient leave-one-out).
     Dense features are standardised first; sparse ones (TF-IDF) are used as they are, since scaling
     rare n-grams to unit variance would amplify them. Returns a callable x → predicted quality."""
     keep = ~np.isnan(y)
@@ -79,11 +82,12 @@ def fit_outcome_model(x, y: np.ndarray, seed: int = 0) -> LinearOutcome:
         folds = int(min(5, np.bincount(y.astype(int)).min()))
         if folds < 2:  # a single minority example cannot be cross-validated: use the base rate
             return _constant(float(y.mean()), d)
-        if len(y) > HOLDOUT_ABOVE:
-            folds = StratifiedShuffleSplit(n_splits=1, test_size=0.2, random_state=seed)
         grid = C_GRID_SPARSE if sparse.issparse(x) else C_GRID
-        model = make_pipeline(*steps, LogisticRegressionCV(
-            Cs=grid, cv=folds, scoring="neg_log_loss", max_iter=3000, random_state=seed, **_quiet_lr_options()))
+        if len(y) > HOLDOUT_ABOVE:
+            model = make_pipeline(*steps, HoldOutLogistic(grid, seed))
+        else:
+            model = make_pipeline(*steps, LogisticRegressionCV(
+                Cs=grid, cv=folds, scoring="neg_log_loss", max_iter=3000, random_state=seed, **_quiet_lr_options()))
         with single_threaded():
             model.fit(x, y.astype(int))
         return _fold(model, logistic=True)
@@ -91,6 +95,37 @@ def fit_outcome_model(x, y: np.ndarray, seed: int = 0) -> LinearOutcome:
     with single_threaded():
         model.fit(x, y)
     return _fold(model, logistic=False)
+
+
+class HoldOutLogistic(BaseEstimator, ClassifierMixin):
+    """L2 logistic regression with C chosen on one stratified 20% hold-out, for large tables.
+
+    The penalties are tried from strongest to weakest, each fit warm-started from the last, and the
+    search stops two grid points after the hold-out log loss last improved: the weakly regularised end
+    of the grid, where L-BFGS needs thousands of iterations on TF-IDF features and which the hold-out
+    rejects anyway, is then never fitted. The final model is refitted on every row at the chosen C.
+    """
+
+    PATIENCE = 2
+
+    def __init__(self, Cs=C_GRID, seed: int = 0):
+        self.Cs = Cs
+        self.seed = seed
+
+    def fit(self, x, y):
+        fit_rows, held_rows = next(StratifiedShuffleSplit(n_splits=1, test_size=0.2, random_state=self.seed).split(x, y))
+        path = LogisticRegression(max_iter=3000, warm_start=True)
+        losses = []
+        for c in sorted(self.Cs):
+            path.set_params(C=c).fit(x[fit_rows], y[fit_rows])
+            losses.append(log_loss(y[held_rows], path.predict_proba(x[held_rows])[:, 1], labels=[0, 1]))
+            if len(losses) - 1 - int(np.argmin(losses)) >= self.PATIENCE:
+                break
+        self.C_ = float(sorted(self.Cs)[int(np.argmin(losses))])
+        self.losses_ = losses
+        final = LogisticRegression(C=self.C_, max_iter=3000).fit(x, y)
+        self.coef_, self.intercept_, self.classes_ = final.coef_, final.intercept_, final.classes_
+        return self
 
 
 class LogisticRouter(Router):

@@ -24,16 +24,17 @@ def _masked_bce(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) 
 
 
 # Up to this many training queries a step is one full-batch gradient (every table of the demo and of
-# RouteLLM's GSM8K). Beyond it, steps take minibatches of this size: the same number of AdamW updates
-# (max_epochs) at a fraction of the arithmetic. On a 14k-query table a full-batch step is a pass over
-# ~9k queries and a fit took ~45 s (benchmarks/replay_scale.py).
+# RouteLLM's GSM8K). Beyond it, steps take shuffled minibatches of MINIBATCH_ROWS: the same number of
+# AdamW updates (max_epochs) at a fraction of the arithmetic. On a 14k-query table a full-batch step is
+# a pass over ~9k queries and an MLP fit took ~45 s (benchmarks/replay_scale.py).
 FULL_BATCH_ROWS = 2048
+MINIBATCH_ROWS = 512
 
 
 def _train_epochs(model: nn.Module, x, y, m, epochs: int, lr: float, weight_decay: float, val=None, patience=None,
                   seed: int = 0):
     """AdamW for `epochs` updates (full-batch while n ≤ FULL_BATCH_ROWS, else shuffled minibatches of
-    that size); returns the validation losses and the best weights if `val`, stopping once the loss
+    MINIBATCH_ROWS); returns the validation losses and the best weights if `val`, stopping once the loss
     has not improved for `patience` updates. With minibatches the validation loss is read once per
     pass over the data."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
@@ -66,13 +67,13 @@ def _train_epochs(model: nn.Module, x, y, m, epochs: int, lr: float, weight_deca
 
 def _batches(n: int, rng: np.random.Generator):
     """Passes over n rows: one full batch (a slice, no copy) while n ≤ FULL_BATCH_ROWS, else a fresh
-    shuffle cut into minibatches."""
+    shuffle cut into minibatches of MINIBATCH_ROWS."""
     while True:
         if n <= FULL_BATCH_ROWS:
             yield [slice(None)]
         else:
             order = torch.as_tensor(rng.permutation(n))
-            yield [order[i : i + FULL_BATCH_ROWS] for i in range(0, n, FULL_BATCH_ROWS)]
+            yield [order[i : i + MINIBATCH_ROWS] for i in range(0, n, MINIBATCH_ROWS)]
 
 
 class TorchOutcomeRouter(Router):

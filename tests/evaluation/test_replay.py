@@ -323,3 +323,11 @@ def test_worker_processes_give_the_same_predictions_as_one_process(pair):
     for seed in (0, 1):
         np.testing.assert_allclose(workers[seed], alone[seed], rtol=0, atol=1e-9)
         assert not np.isnan(workers[seed]).any()
+
+
+def test_a_cascade_without_logged_responses_predicts_what_logistic_predicts(pair):
+    """models.registry.same_predictions lets the replay fit them once; this is the claim it rests on."""
+    cascade = cross_fit(pair, lambda seed: make_router("cascade", seed), k=3, seed=2)
+    logistic = cross_fit(pair, lambda seed: make_router("logistic", seed), k=3, seed=2)
+    assert pair.responses is None
+    np.testing.assert_array_equal(cascade, logistic)

@@ -257,3 +257,20 @@ def test_folded_linear_outcome_matches_sklearn(split):
     pipe = make_pipeline(StandardScaler(), LogisticRegression(C=0.1)).fit(train.embeddings, train.scores[:, 1])
     np.testing.assert_allclose(_fold(pipe, logistic=True)(test.embeddings), pipe.predict_proba(test.embeddings)[:, 1],
                                rtol=1e-6, atol=1e-9)
+
+
+def test_hold_out_logistic_stops_past_the_best_penalty_and_keeps_it():
+    """Large tables choose C on one hold-out, strongest penalty first, stopping two grid points after
+    the hold-out loss last improved: the C it keeps is the best of the Cs it tried, and the weak end
+    of the grid (slow to fit, rejected anyway) is skipped when the loss turns up."""
+    from models.baselines.linear import C_GRID, HoldOutLogistic
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(6000, 40))
+    y = (rng.random(6000) < 1 / (1 + np.exp(-(x[:, :3].sum(axis=1))))).astype(int)
+    model = HoldOutLogistic(C_GRID, seed=0).fit(x, y)
+    tried = sorted(C_GRID)[: len(model.losses_)]
+    assert model.C_ == tried[int(np.argmin(model.losses_))]
+    assert len(model.losses_) - 1 - int(np.argmin(model.losses_)) <= HoldOutLogistic.PATIENCE
+    accuracy = ((x @ model.coef_.ravel() + model.intercept_[0] > 0) == y).mean()
+    assert accuracy > 0.75
