@@ -140,17 +140,20 @@ class LogisticRouter(Router):
         self.seed = seed
         self.models_: list | None = None
 
-    def _features(self, data: RoutingData):
+    def _features(self, data: RoutingData, tfidf=None):
         dense = self.featurizer.transform(data)
         if not self.use_tfidf:
             return dense
-        return sparse.hstack([self.tfidf_.transform(data.queries), sparse.csr_matrix(dense)]).tocsr()
+        tfidf = self.tfidf_.transform(data.queries) if tfidf is None else tfidf
+        return sparse.hstack([tfidf, sparse.csr_matrix(dense)]).tocsr()
 
     def fit(self, data: RoutingData) -> "LogisticRouter":
         self.featurizer.fit(data)
-        if self.use_tfidf:
-            self.tfidf_ = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True).fit(data.queries)
-        x = self._features(data)
+        tfidf = None
+        if self.use_tfidf:  # fit_transform: the training queries are tokenised once, not twice
+            self.tfidf_ = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+            tfidf = self.tfidf_.fit_transform(data.queries)
+        x = self._features(data, tfidf)
         scores = np.asarray(data.scores, dtype=float)
         self.models_ = [fit_outcome_model(x, scores[:, j], self.seed) for j in range(scores.shape[1])]
         return self
