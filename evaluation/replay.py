@@ -307,10 +307,10 @@ def _fit_and_score_in_worker(factory, data, train, seed, fit_rows, score_rows, v
 
 
 # Below this many queries a replay fits in this process: starting workers (each imports torch and
-# sklearn, ~3 s) costs more than a second core saves on tables of a few thousand queries.
+# sklearn: 8 s for the first router of the 14k benchmark) costs more than a second core saves.
 PARALLEL_MIN_QUERIES = 3000
 NOTHING_TO_FIT = ("random", "oracle")  # and single:<worker>: faster in this process than a worker's start
-MAX_JOBS = 8  # each worker holds its own copy of the table and the routers' libraries (~1 GB)
+MAX_JOBS = 8  # each worker holds its own copy of the table and of torch, sklearn and transformers
 
 
 def default_jobs(n_queries: int) -> int:
