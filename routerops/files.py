@@ -9,8 +9,10 @@ undecodable byte, so the user can find it with `head -c` or an editor.
 from __future__ import annotations
 
 import codecs
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from routerops.errors import InputError
 
@@ -81,3 +83,19 @@ def check_utf8(path: str | Path) -> None:
         except UnicodeDecodeError as exc:
             raise InputError(path, "<file>", f"not UTF-8 text: the file ends inside a character "
                                              f"(offset {offset - len(exc.object) + exc.start})") from None
+
+
+def read_json_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(1-based line number, object) for every non-blank line; errors name file and line."""
+    rows = []
+    for number, line in utf8_lines(path):  # a non-UTF-8 line is an InputError naming it
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(path, f"line {number}", f"not valid JSON: {exc.msg}") from exc
+        if not isinstance(obj, dict):
+            raise InputError(path, f"line {number}", "expected a JSON object")
+        rows.append((number, obj))
+    return rows

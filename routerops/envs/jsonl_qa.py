@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from routerops.errors import InputError
-from routerops.files import utf8_lines
+from routerops.files import read_json_lines
 from routerops.types import Task
 
 Format = Literal["gsm8k", "math", "auto"]
@@ -62,20 +62,6 @@ def gsm8k_final_answer(solution: str) -> str | None:
 # ---------------------------------------------------------------- import
 
 
-def read_json_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """(1-based line number, object) for every non-blank line; errors name file and line."""
-    rows = []
-    for number, line in utf8_lines(path):  # a non-UTF-8 line is an InputError naming it
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(path, f"line {number}", f"not valid JSON: {exc.msg}") from exc
-        if not isinstance(obj, dict):
-            raise InputError(path, f"line {number}", "expected a JSON object")
-        rows.append((number, obj))
-    return rows
 
 
 def text_field(path: Path, number: int, obj: dict[str, Any], key: str) -> str:

@@ -23,10 +23,10 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from routerops.envs.jsonl_qa import read_json_lines, text_field
+from routerops.envs.jsonl_qa import text_field
 from routerops.envs.qa import extract_answer
 from routerops.errors import InputError, RouteropsError
-from routerops.files import check_utf8
+from routerops.files import check_utf8, read_json_lines
 from routerops.pricing import WorkerSpec
 from routerops.schema import check_token_counts
 from routerops.types import EpisodeState, Observation, Payload, Task, WorkerResult

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from routerops.errors import InputError
-from routerops.files import utf8_lines
+from routerops.files import read_json_lines
 from routerops.types import Task
 
 SPLITS = ("train", "val", "test")
@@ -186,13 +186,7 @@ def read_tasks(path: str | Path) -> list[Task]:
     """Tasks written by `write_tasks`; errors name the file, the line and the field."""
     path = Path(path)
     tasks, ids = [], set()
-    for number, line in utf8_lines(path):  # a non-UTF-8 line is an InputError naming it
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(path, f"line {number}", f"not valid JSON: {exc.msg}") from exc
+    for number, record in read_json_lines(path):
         task = _task_from_record(path, number, record)
         if task.task_id in ids:
             raise InputError(path, f"line {number}: task_id", f"duplicate task id {task.task_id!r}")

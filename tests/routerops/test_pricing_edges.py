@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from routerops import schema
-from routerops.envs.jsonl_qa import read_json_lines
+from routerops.files import read_json_lines
 from routerops.envs.replay import load_logged_outcomes
 from routerops.envs.suites import read_tasks
 from routerops.errors import InputError
