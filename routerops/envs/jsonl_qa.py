@@ -14,7 +14,6 @@ Answers are checked with math-verify (`parse` + `verify`), which compares mathem
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from pathlib import Path
