@@ -293,7 +293,6 @@ def test_the_ensembles_row_reuses_its_members_folds_and_equals_fitting_it_whole(
 
 def test_bootstrap_intervals_bracket_the_estimate_and_mark_undefined_apgr():
     from evaluation.replay import bootstrap_intervals, operating_points
-    from models.baselines import SingleWorker
 
     # 60 queries, 70% vs 75% right (issue 9): many resamples make the two equally accurate.
     rng = np.random.default_rng(0)

@@ -5,7 +5,6 @@ tests/stages/test_reprice_edges.py."""
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 
 import pandas as pd
