@@ -326,8 +326,9 @@ class SharedPredictions:
     models.registry.ENSEMBLES is the mean of its members' predictions, the very fits its own
     EnsembleRouter would make (each member built with the same seed, on the same folds), so the
     members are fitted once for their own rows and the ensemble's; a router whose predictions are
-    another's on this table (models.registry.same_predictions) reuses them. Only registry routers
-    (`parallel`) are shared or sent to worker processes; custom factories run here as given."""
+    another's on this table (models.registry.same_predictions) reuses them. Routers named in
+    `parallel` (the registry's learned routers) are shared and fitted in worker processes; custom
+    factories and the routers with nothing to fit run in this process as given."""
 
     def __init__(self, data: RoutingData, k: int, train: RoutingData | None, factories: dict[str, RouterFactory],
                  ensembles: dict[str, tuple[str, ...]], n_jobs: int = 1, parallel: set[str] = frozenset(),
