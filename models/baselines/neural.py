@@ -37,7 +37,7 @@ def _train_epochs(model: nn.Module, x, y, m, epochs: int, lr: float, weight_deca
     MINIBATCH_ROWS); returns the validation losses and the best weights if `val`, stopping once the loss
     has not improved for `patience` updates. With minibatches the validation loss is read once per
     pass over the data."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)  # one kernel per step
     n = len(x)
     batches = _batches(n, np.random.default_rng(seed))
     history, best_state, best_loss, best_step = [], None, float("inf"), 0
