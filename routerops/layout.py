@@ -141,3 +141,26 @@ class Layout:
     @property
     def mtrouter_manifests(self) -> Path:
         return self.mtrouter_reports / "stages"
+
+    # ---- orchestrator pipeline (paper 004): tasks → teacher → filter → SFT → evaluate → register
+    @property
+    def orchestra_data(self) -> Path:
+        return self.root / "data/orchestra"
+
+    @property
+    def orchestra_tasks(self) -> Path:
+        return self.orchestra_data / "tasks.jsonl"
+
+    @property
+    def orchestra_reports(self) -> Path:
+        return self.reports / "orchestra"
+
+    @property
+    def orchestra_manifests(self) -> Path:
+        return self.orchestra_reports / "stages"
+
+    @property
+    def orchestra_journals(self) -> Path:
+        """Resumable rollout journals of the orchestra stages (not DVC outputs)."""
+        return self.root / ".routerops/orchestra"
+

@@ -11,7 +11,7 @@ from typing import Any
 
 from routerops.config import load_params
 from routerops.layout import Layout
-from stages import mtrouter, pipeline, replay, routers, track
+from stages import mtrouter, orchestra, pipeline, replay, routers, track
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ STAGES: dict[str, Stage] = {
                                lambda L: (L.mtrouter_tasks, L.mtrouter_train, L.mtrouter_reports / "evaluation.csv")),
     "mtrouter-track": Stage(track.mtrouter_track, mtrouter.load_run,
                             lambda L: (L.mtrouter_reports / "registry.json",)),
+    "orchestra-tasks": Stage(orchestra.tasks, orchestra.load_run, lambda L: ()),
 }
 
 

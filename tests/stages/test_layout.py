@@ -11,7 +11,7 @@ from routerops.layout import Layout
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
-DVC_FILES = [ROOT / "dvc.yaml", ROOT / "pipelines/mtrouter/dvc.yaml"]
+DVC_FILES = [ROOT / "dvc.yaml", ROOT / "pipelines/mtrouter/dvc.yaml", ROOT / "pipelines/orchestra/dvc.yaml"]
 
 
 def declared(entries) -> set[str]:
@@ -32,8 +32,9 @@ def test_dvc_outputs_are_layout_paths():
     known = {str(p) for p in [layout.tasks, *layout.raw.paths(), *layout.priced.paths(), layout.grid, layout.validation,
                               layout.registry_report, layout.mlflow_runs, layout.replay_table,
                               layout.mtrouter_tasks, layout.mtrouter_train.folder, layout.mtrouter_eval.folder,
-                              layout.mtrouter_routers]}
-    dirs = [str(p) for p in (layout.eval_dir, layout.routers_dir, layout.replay_dir, layout.mtrouter_reports)]
+                              layout.mtrouter_routers, layout.orchestra_tasks]}
+    dirs = [str(p) for p in (layout.eval_dir, layout.routers_dir, layout.replay_dir, layout.mtrouter_reports,
+                                        layout.orchestra_data, layout.orchestra_reports)]
     for path in DVC_FILES:
         for stage in yaml.safe_load(path.read_text())["stages"].values():
             for out in declared(stage.get("outs")) | declared(stage.get("metrics")):
