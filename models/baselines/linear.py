@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,14 @@ C_GRID_SPARSE = np.logspace(-2, 2, 8)  # on TF-IDF ⊕ unit-norm embedding ⊕ s
 # steadily as the five folds of a few hundred that small tables need. (A 14k-query replay runs 15
 # fits per worker.)
 HOLDOUT_ABOVE = 5000
+_TFIDF_ANALYZER = TfidfVectorizer(ngram_range=(1, 2)).build_analyzer()  # lowercase word 1–2-grams
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def word_ngrams(text: str) -> tuple[str, ...]:
+    """TfidfVectorizer's own analysis of `text`, memoised: every fold and seed of a cross-fit tokenises
+    the same queries again (~9 s of each TF-IDF fit on an 11k-query fold)."""
+    return tuple(_TFIDF_ANALYZER(text))
 
 
 def _quiet_lr_options() -> dict:
@@ -151,7 +160,7 @@ class LogisticRouter(Router):
         self.featurizer.fit(data)
         tfidf = None
         if self.use_tfidf:  # fit_transform: the training queries are tokenised once, not twice
-            self.tfidf_ = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+            self.tfidf_ = TfidfVectorizer(analyzer=word_ngrams, min_df=2, sublinear_tf=True)
             tfidf = self.tfidf_.fit_transform(data.queries)
         x = self._features(data, tfidf)
         scores = np.asarray(data.scores, dtype=float)
