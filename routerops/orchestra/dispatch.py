@@ -8,7 +8,8 @@ so no path leads the task text into a worker's payload.
 How each way of running (routerops.primitives) becomes calls:
 - llm: [system: the primitive's instruction, if any] + [user: instruction and inputs] to the worker.
 - llm_program: the same LLM call (the instruction asks for a program), then the program (the reply's
-  ```python block, else the whole reply) runs on the primitive's runner, a python worker.
+  ```python block, one left open by the completion cap, else the whole reply) runs on the primitive's
+  runner, a python worker.
 - python: the instruction is the program; with dependencies, `inputs = {id: result, ...}` is put
   before it, so code can use earlier results.
 - sympy: the instruction is the expression, evaluated as given.
@@ -21,6 +22,7 @@ keeps parallel calls from overrunning the budget together; the real cost replace
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -32,6 +34,7 @@ from routerops.types import Payload, Worker, WorkerResult
 from routerops.workers.tools import extract_code
 
 OK, WORKER_ERROR, REFUSED, SKIPPED = "ok", "worker_error", "refused", "skipped"
+_OPEN_FENCE = re.compile(r"\s*```[ \t]*(?:python|py|python3)?[ \t]*\n", re.IGNORECASE)
 
 
 @dataclass
@@ -90,6 +93,14 @@ def python_program(subtask: Subtask, inputs: Mapping[int, str]) -> str:
     return f"inputs = {dict(sorted(inputs.items()))!r}\n{code}"
 
 
+def written_program(reply: str) -> str:
+    """The program in an LLM's reply: its fenced block; a fence the completion cap cut before its
+    closing ``` (small models stop there too) still counts, from its opening line on."""
+    code = extract_code(reply)
+    opening = _OPEN_FENCE.match(code)
+    return code[opening.end():].removesuffix("```") if opening else code
+
+
 def worst_case_cost(spec: WorkerSpec, payload: Payload, completion_cap: int, book: PriceBook) -> float:
     """Most a call could cost: the worker's own system prompt counts too (LLMWorker prepends it)."""
     prompt = prompt_token_bound(payload)
@@ -124,7 +135,7 @@ class SubtaskRunner:
         written = await self._call(worker, llm_payload(primitive, blind_input(subtask, inputs)), primitive, ledger)
         if written.status != OK:
             return written
-        program = extract_code(written.calls[-1].result.text)
+        program = written_program(written.calls[-1].result.text)
         ran = await self._call(primitive.runner, program, primitive, ledger)
         return SubtaskOutcome(ran.status, ran.text, written.calls + ran.calls)
 

@@ -14,7 +14,7 @@ import pytest
 
 from routerops import schema
 from routerops.errors import InputError, RouteropsError
-from routerops.orchestra.dispatch import llm_payload, worst_case_cost
+from routerops.orchestra.dispatch import llm_payload, worst_case_cost, written_program
 from routerops.orchestra.executor import Executor, ExecutorConfig
 from routerops.orchestra.grammar import FinalAnswer, Plan, Subtask, Turn, Verify, parse_observations, render_turn
 from routerops.orchestra.modes import modes_of_turns
@@ -247,6 +247,15 @@ async def test_execute_python_is_an_llm_call_then_a_sandbox_run_both_priced(work
     assert ran["message"] == written["response"]  # the program the LLM wrote is what the sandbox ran
     assert parse_observations(result.messages[3]["content"])[0][1] == ran["response"]
     assert written["cost_usd"] > 0 and ran["cost_usd"] == pytest.approx(2e-5)
+
+
+@pytest.mark.parametrize("reply, program", [
+    ("Here:\n```python\nprint(42)\n```\nDone.", "print(42)\n"),
+    ("```python\nprint(6 * 7)", "print(6 * 7)"),  # SmolLM2's reply when its cap cut the closing fence
+    ("print(1)", "print(1)"),
+])
+def test_the_program_is_read_from_the_llm_reply(reply, program):
+    assert written_program(reply) == program
 
 
 async def test_an_llm_primitive_sends_its_instruction_as_the_system_message(workers, endpoint):
