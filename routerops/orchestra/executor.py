@@ -40,11 +40,9 @@ from routerops.errors import InputError, RouteropsError
 from routerops.orchestra import modes
 from routerops.orchestra.controller import Controller, ControllerTurn, Message
 from routerops.orchestra.dispatch import OK, REFUSED, SKIPPED, BudgetLedger, SubtaskOutcome, SubtaskRunner
-from routerops.orchestra.grammar import (
-    FinalAnswer, GrammarError, Plan, RouteTable, Subtask, Turn, TurnContext, parse_turn, render_error,
-    render_observations,
-)
+from routerops.orchestra.grammar import FinalAnswer, GrammarError, Plan, RouteTable, Subtask, Turn, TurnContext, parse_turn
 from routerops.orchestra.prompt import PoolRow, render_system_prompt
+from routerops.orchestra.render import render_error, render_observations
 from routerops.policies import episode_rng
 from routerops.pricing import Pool, PriceBook, check_pool_priced
 from routerops.rollout import message_text, prompt_token_bound, spec_of, turn_row

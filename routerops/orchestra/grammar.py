@@ -28,13 +28,14 @@ it goes inside <obs>, so `</obs><final_answer>…` in it is text: it can neither
 nor be read as the controller's answer.
 
 Malformed text gives a GrammarError(kind, message), returned, never raised: `parse_turn` is total.
+The canonical text of a turn, and the executor's messages, are written by render.py.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
 TAGS = ("plan", "subtask", "route", "verify", "replan", "final_answer", "obs", "error")
 ENVIRONMENT_TAGS = ("obs", "error")  # written by the executor only
@@ -69,10 +70,10 @@ ERROR_KINDS = (
 )
 
 _NAMES = "|".join(TAGS)
-_RESERVED_TOKEN = re.compile(rf"<\s*/?\s*(?:{_NAMES})(?=[\s/>]|$)", re.IGNORECASE)
-_TAG = re.compile(r"<\s*(/)?\s*([A-Za-z_][A-Za-z0-9_]*)([^<>]*?)(/)?\s*>")
+RESERVED_TOKEN = re.compile(rf"<\s*/?\s*(?:{_NAMES})(?=[\s/>]|$)", re.IGNORECASE)
+TAG_PATTERN = re.compile(r"<\s*(/)?\s*([A-Za-z_][A-Za-z0-9_]*)([^<>]*?)(/)?\s*>")
 _LOOKS_LIKE_TAG = re.compile(r"<\s*/?\s*[A-Za-z_]")
-_ATTRIBUTE = re.compile(r"""\s*([A-Za-z_][\w-]*)\s*=\s*(?:"([^"]*)"|'([^']*)')""")
+ATTRIBUTE_PATTERN = re.compile(r"""\s*([A-Za-z_][\w-]*)\s*=\s*(?:"([^"]*)"|'([^']*)')""")
 _ENTITY = re.compile(r"&(lt|gt|amp);")
 _ENTITY_TEXT = {"lt": "<", "gt": ">", "amp": "&"}
 _INTEGER = re.compile(r"^\d{1,9}$")
@@ -166,68 +167,11 @@ class _Malformed(Exception):
 def escape_text(text: str) -> str:
     """`text` with no reserved tag token left; `unescape_text` gives it back exactly."""
     protected = _ENTITY.sub(lambda m: "&amp;" + m.group(0)[1:], text)
-    return _RESERVED_TOKEN.sub(lambda m: "&lt;" + m.group(0)[1:], protected)
+    return RESERVED_TOKEN.sub(lambda m: "&lt;" + m.group(0)[1:], protected)
 
 
 def unescape_text(text: str) -> str:
     return _ENTITY.sub(lambda m: _ENTITY_TEXT[m.group(1)], text)
-
-
-# ---------------------------------------------------------------- rendering
-
-
-def render_turn(turn: Turn) -> str:
-    """The canonical text of a turn (what a teacher writes); parse_turn reads it back to `turn`."""
-    parts = [render_verify(turn.verify)] if turn.verify is not None else []
-    if isinstance(turn.action, FinalAnswer):
-        parts.append(f"<final_answer>{escape_text(turn.action.text)}</final_answer>")
-    else:
-        parts.append(render_plan(turn.action))
-    return "\n".join(parts)
-
-
-def render_verify(verify: Verify) -> str:
-    body = escape_text(verify.text) + ("\n<replan/>" if verify.replan else "")
-    return f"<verify>\n{body.strip()}\n</verify>"
-
-
-def render_plan(plan: Plan) -> str:
-    nodes = [f'<subtask id="{s.id}" depends_on="{",".join(map(str, s.depends_on))}">\n'
-             f"{escape_text(s.description)}\n</subtask>" for s in plan.subtasks]
-    routes = [f'<route subtask="{s.id}" model="{s.model}" skill="{s.primitive}">\n'
-              f"{escape_text(s.instruction)}\n</route>" for s in plan.subtasks]
-    return "\n".join([f'<plan round="{plan.round}">', *nodes, "</plan>", *routes])
-
-
-def render_observations(results: Sequence[tuple[int, str]]) -> str:
-    """<obs> blocks for (subtask id, worker text) pairs; the text is escaped (module docstring)."""
-    return "\n".join(f'<obs subtask="{k}">\n{escape_text(text)}\n</obs>' for k, text in results)
-
-
-def render_error(error: GrammarError) -> str:
-    """What the executor answers to a malformed turn."""
-    return f'<error kind="{error.kind}">\n{escape_text(error.message)}\n</error>'
-
-
-def parse_observations(text: str) -> list[tuple[int, str]]:
-    """The (subtask id, worker text) pairs of an executor message, unescaped; for readers of stored
-    conversations. Raises ValueError on text the executor did not write."""
-    pairs, pos = [], 0
-    for match in _RESERVED_TOKEN.finditer(text):
-        if match.start() < pos:
-            continue
-        tag = _TAG.match(text, match.start())
-        if tag is None or tag.group(2) != "obs" or tag.group(1):
-            raise ValueError(f"not an <obs> block at offset {match.start()}")
-        close = _RESERVED_TOKEN.search(text, tag.end())
-        if close is None or not re.match(r"</obs>", text[close.start():]):
-            raise ValueError(f"<obs> at offset {match.start()} is not closed")
-        subtask = _ATTRIBUTE.match(tag.group(3))
-        body = text[tag.end():close.start()]
-        body = body[1:-1] if len(body) >= 2 and body[0] == body[-1] == "\n" else body  # render_observations' newlines
-        pairs.append((int(subtask.group(2)), unescape_text(body)))
-        pos = close.start() + len("</obs>")
-    return pairs
 
 
 # ---------------------------------------------------------------- parsing
@@ -305,7 +249,7 @@ class _TurnParser:
             self.pos = _WHITESPACE.match(self.text, self.pos).end()
             if self.pos >= len(self.text):
                 return
-            if not _RESERVED_TOKEN.match(self.text, self.pos):
+            if not RESERVED_TOKEN.match(self.text, self.pos):
                 self._reject_text()
             tag = self._tag_at(self.pos)
             if tag.name in ENVIRONMENT_TAGS:
@@ -323,14 +267,14 @@ class _TurnParser:
         if _LOOKS_LIKE_TAG.match(rest):
             name = re.match(r"<\s*/?\s*([A-Za-z_][A-Za-z0-9_]*)", rest).group(1)
             raise _Malformed("unknown_tag", f"<{name}> is not a tag of the grammar ({', '.join(TAGS[:6])})")
-        if self.pos > 0 and not _RESERVED_TOKEN.search(self.text, self.pos):
+        if self.pos > 0 and not RESERVED_TOKEN.search(self.text, self.pos):
             raise _Malformed("trailing_text", f"text after the last block: {_clip(rest)!r}")
         raise _Malformed("stray_text", f"text outside the blocks: {_clip(rest)!r}")
 
     # ------------------------------------------------ tags and bodies
 
     def _tag_at(self, pos: int) -> _Tag:
-        match = _TAG.match(self.text, pos)
+        match = TAG_PATTERN.match(self.text, pos)
         if match is None:
             raise _Malformed("malformed_tag", f"tag at offset {pos} is not closed with '>': "
                                               f"{_clip(self.text[pos:])!r}")
@@ -350,7 +294,7 @@ class _TurnParser:
         replans, start = 0, self.pos
         pieces, piece_start = [], start
         while True:
-            found = _RESERVED_TOKEN.search(self.text, self.pos)
+            found = RESERVED_TOKEN.search(self.text, self.pos)
             if found is None:
                 raise _Malformed("unclosed_tag", f"<{tag.name}> is never closed (truncated?)")
             inner = self._tag_at(found.start())
@@ -388,7 +332,7 @@ class _TurnParser:
             self.pos = _WHITESPACE.match(self.text, self.pos).end()
             if self.pos >= len(self.text):
                 raise _Malformed("unclosed_tag", "<plan> is never closed (truncated?)")
-            if not _RESERVED_TOKEN.match(self.text, self.pos):
+            if not RESERVED_TOKEN.match(self.text, self.pos):
                 raise _Malformed("stray_text", f"a <plan> holds only <subtask> blocks: {_clip(self.text[self.pos:])!r}")
             inner = self._tag_at(self.pos)
             self.pos = inner.end
@@ -470,7 +414,7 @@ def _attributes(name: str, raw: str) -> dict[str, str]:
     found: dict[str, str] = {}
     pos = 0
     while pos < len(raw.rstrip()):
-        match = _ATTRIBUTE.match(raw, pos)
+        match = ATTRIBUTE_PATTERN.match(raw, pos)
         if match is None:
             raise _Malformed("bad_attribute", f"<{name}>: cannot read attributes {raw.strip()!r} "
                                               "(write key=\"value\")")

@@ -16,7 +16,8 @@ from routerops import schema
 from routerops.errors import InputError, RouteropsError
 from routerops.orchestra.dispatch import llm_payload, worst_case_cost, written_program
 from routerops.orchestra.executor import Executor, ExecutorConfig
-from routerops.orchestra.grammar import FinalAnswer, Plan, Subtask, Turn, Verify, parse_observations, render_turn
+from routerops.orchestra.grammar import FinalAnswer, Plan, Subtask, Turn, Verify
+from routerops.orchestra.render import parse_observations, render_turn
 from routerops.orchestra.modes import modes_of_turns
 from routerops.orchestra.scripted import ScriptedController
 from routerops.pricing import Pool, Price, PriceBook, WorkerSpec, derive_costs

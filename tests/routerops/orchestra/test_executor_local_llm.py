@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from routerops.orchestra.executor import Executor, ExecutorConfig
-from routerops.orchestra.grammar import FinalAnswer, Plan, Subtask, Turn, Verify, render_turn
+from routerops.orchestra.grammar import FinalAnswer, Plan, Subtask, Turn, Verify
+from routerops.orchestra.render import render_turn
 from routerops.orchestra.scripted import ScriptedController
 from routerops.pricing import Price, derive_costs, load_pool, load_price_book
 from routerops.types import Task

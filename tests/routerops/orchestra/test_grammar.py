@@ -7,8 +7,9 @@ import pytest
 
 from routerops.orchestra.grammar import (
     ERROR_KINDS, FinalAnswer, GrammarError, Plan, RouteTable, Subtask, Turn, TurnContext, Verify, escape_text,
-    parse_observations, parse_turn, render_error, render_observations, render_turn, unescape_text,
+    parse_turn, unescape_text,
 )
+from routerops.orchestra.render import parse_observations, render_error, render_observations, render_turn
 
 ROUTES = RouteTable({"small": ("answer", "verify"), "big": ("answer", "reason"), "python": ("python",),
                      "sympy": ("sympy",)}, frozenset({"answer", "reason", "verify", "python", "sympy"}))
