@@ -70,10 +70,12 @@ ERROR_KINDS = (
 )
 
 _NAMES = "|".join(TAGS)
-RESERVED_TOKEN = re.compile(rf"<\s*/?\s*(?:{_NAMES})(?=[\s/>]|$)", re.IGNORECASE)
-TAG_PATTERN = re.compile(r"<\s*(/)?\s*([A-Za-z_][A-Za-z0-9_]*)([^<>]*?)(/)?\s*>")
-_LOOKS_LIKE_TAG = re.compile(r"<\s*/?\s*[A-Za-z_]")
-ATTRIBUTE_PATTERN = re.compile(r"""\s*([A-Za-z_][\w-]*)\s*=\s*(?:"([^"]*)"|'([^']*)')""")
+# Possessive quantifiers (*+) throughout: the text is a model's or a worker's, and a backtracking
+# pattern would take quadratic time on a '<' followed by thousands of spaces.
+RESERVED_TOKEN = re.compile(rf"<\s*+/?\s*+(?:{_NAMES})(?=[\s/>]|$)", re.IGNORECASE)
+_TAG_HEAD = re.compile(r"<\s*+(/?)\s*+([A-Za-z_][A-Za-z0-9_]*+)")
+_TAG_END = re.compile(r"[<>]")
+ATTRIBUTE_PATTERN = re.compile(r"""\s*+([A-Za-z_][\w-]*+)\s*+=\s*+(?:"([^"]*+)"|'([^']*+)')""")
 _ENTITY = re.compile(r"&(lt|gt|amp);")
 _ENTITY_TEXT = {"lt": "<", "gt": ">", "amp": "&"}
 _INTEGER = re.compile(r"^\d{1,9}$")
@@ -153,6 +155,30 @@ class TurnContext:
     routes: RouteTable
     last_round: int = 0  # round of the latest executed plan; 0 before any (then <verify> is misplaced)
     used_ids: frozenset[int] = frozenset()  # subtask ids of earlier rounds
+
+
+@dataclass(frozen=True)
+class TagSyntax:
+    """A tag as written, before its name and attributes are checked."""
+
+    closing: bool
+    name: str
+    raw_attributes: str
+    self_closing: bool
+    start: int
+    end: int
+
+
+def read_tag(text: str, pos: int) -> TagSyntax | None:
+    """The tag that starts at `pos`, or None when no '>' comes before the next '<' (or the end)."""
+    head = _TAG_HEAD.match(text, pos)
+    stop = _TAG_END.search(text, pos + 1)
+    if head is None or stop is None or text[stop.start()] == "<":
+        return None
+    inner = text[head.end():stop.start()].rstrip()
+    self_closing = inner.endswith("/")
+    return TagSyntax(bool(head.group(1)), head.group(2), inner[:-1] if self_closing else inner, self_closing,
+                     pos, stop.end())
 
 
 class _Malformed(Exception):
@@ -264,8 +290,9 @@ class _TurnParser:
 
     def _reject_text(self) -> None:
         rest = self.text[self.pos:]
-        if _LOOKS_LIKE_TAG.match(rest):
-            name = re.match(r"<\s*/?\s*([A-Za-z_][A-Za-z0-9_]*)", rest).group(1)
+        head = _TAG_HEAD.match(rest)
+        if head:
+            name = head.group(2)
             raise _Malformed("unknown_tag", f"<{name}> is not a tag of the grammar ({', '.join(TAGS[:6])})")
         if self.pos > 0 and not RESERVED_TOKEN.search(self.text, self.pos):
             raise _Malformed("trailing_text", f"text after the last block: {_clip(rest)!r}")
@@ -274,11 +301,11 @@ class _TurnParser:
     # ------------------------------------------------ tags and bodies
 
     def _tag_at(self, pos: int) -> _Tag:
-        match = TAG_PATTERN.match(self.text, pos)
-        if match is None:
+        tag = read_tag(self.text, pos)
+        if tag is None:
             raise _Malformed("malformed_tag", f"tag at offset {pos} is not closed with '>': "
                                               f"{_clip(self.text[pos:])!r}")
-        closing, name, raw_attributes, self_closing = match.groups()
+        closing, name, raw_attributes, self_closing = tag.closing, tag.name, tag.raw_attributes, tag.self_closing
         if name not in TAGS:
             raise _Malformed("unknown_tag", f"<{name}>: tags are lower-case ({', '.join(TAGS[:6])})")
         if closing and (raw_attributes.strip() or self_closing):
@@ -287,7 +314,7 @@ class _TurnParser:
             raise _Malformed("malformed_tag", "<replan/> is self-closing" if name == "replan"
                              else f"<{name}> is a block with a closing </{name}>, not self-closing")
         attributes = {} if closing else _attributes(name, raw_attributes)
-        return _Tag(name, bool(closing), bool(self_closing), attributes, match.start(), match.end())
+        return _Tag(name, closing, self_closing, attributes, tag.start, tag.end)
 
     def _body(self, tag: _Tag, allow_replan: bool = False) -> tuple[str, int]:
         """Text up to the block's closing tag, and how many <replan/> it held."""
@@ -412,8 +439,8 @@ class _TurnParser:
 def _attributes(name: str, raw: str) -> dict[str, str]:
     """The tag's attributes: exactly the ones the grammar gives `name`, each once, quoted."""
     found: dict[str, str] = {}
-    pos = 0
-    while pos < len(raw.rstrip()):
+    pos, end = 0, len(raw.rstrip())
+    while pos < end:
         match = ATTRIBUTE_PATTERN.match(raw, pos)
         if match is None:
             raise _Malformed("bad_attribute", f"<{name}>: cannot read attributes {raw.strip()!r} "

@@ -4,11 +4,10 @@ reading stored <obs> messages back."""
 
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
 from routerops.orchestra.grammar import (
-    ATTRIBUTE_PATTERN, RESERVED_TOKEN, TAG_PATTERN, FinalAnswer, GrammarError, Plan, Turn, Verify, escape_text,
+    ATTRIBUTE_PATTERN, RESERVED_TOKEN, FinalAnswer, GrammarError, Plan, Turn, Verify, escape_text, read_tag,
     unescape_text,
 )
 
@@ -53,14 +52,14 @@ def parse_observations(text: str) -> list[tuple[int, str]]:
     for match in RESERVED_TOKEN.finditer(text):
         if match.start() < pos:
             continue
-        tag = TAG_PATTERN.match(text, match.start())
-        if tag is None or tag.group(2) != "obs" or tag.group(1):
+        tag = read_tag(text, match.start())
+        if tag is None or tag.name != "obs" or tag.closing:
             raise ValueError(f"not an <obs> block at offset {match.start()}")
-        close = RESERVED_TOKEN.search(text, tag.end())
-        if close is None or not re.match(r"</obs>", text[close.start():]):
+        close = RESERVED_TOKEN.search(text, tag.end)
+        if close is None or not text.startswith("</obs>", close.start()):
             raise ValueError(f"<obs> at offset {match.start()} is not closed")
-        subtask = ATTRIBUTE_PATTERN.match(tag.group(3))
-        body = text[tag.end():close.start()]
+        subtask = ATTRIBUTE_PATTERN.match(tag.raw_attributes)
+        body = text[tag.end:close.start()]
         body = body[1:-1] if len(body) >= 2 and body[0] == body[-1] == "\n" else body  # render_observations' newlines
         pairs.append((int(subtask.group(2)), unescape_text(body)))
         pos = close.start() + len("</obs>")

@@ -3,6 +3,8 @@ adversarial text, escaping, and render → parse round trips."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from routerops.orchestra.grammar import (
@@ -173,6 +175,19 @@ def test_code_with_comparisons_and_html_is_text_inside_a_route():
     code = "if a<b and c>d:\n    print('<b>bold</b>', a << 2)"
     turn = parsed(PLAN.replace("print(6 * 7 if 1 < 2 else 0)", code))
     assert turn.action.subtasks[0].instruction == code
+
+
+ADVERSARIAL = ["<route" + " " * 50_000, "<" + " " * 50_000 + "/" + " " * 50_000, ("<" + " " * 50) * 1_000,
+               '<route subtask="1" ' + 'x="1" ' * 10_000 + ">", "<final_answer>" + "a<b " * 20_000 + "</final_answer>"]
+
+
+def test_pathological_text_is_read_in_linear_time():
+    # A backtracking tag pattern took 50 s on '<' and 20,000 spaces: a model or a worker can write that.
+    started = time.perf_counter()
+    for text in ADVERSARIAL:
+        parse_turn(text, FIRST)
+        assert parse_observations(render_observations([(1, text)])) == [(1, text)]
+    assert time.perf_counter() - started < 2.0
 
 
 # ---------------------------------------------------------------- escaping and the <obs> attack
