@@ -118,7 +118,8 @@ class SubtaskRunner:
         self.workers = workers
         self.book = book
 
-    async def run(self, subtask: Subtask, worker: str, inputs: Mapping[int, str], ledger: BudgetLedger) -> SubtaskOutcome:
+    async def run(self, subtask: Subtask, worker: str, inputs: Mapping[int, str],
+                  ledger: BudgetLedger) -> SubtaskOutcome:
         """Run `subtask` on `worker` (a pool name) with its dependencies' outputs (module docstring)."""
         primitive = self.pool.primitive(subtask.primitive)
         if primitive.run == "llm":

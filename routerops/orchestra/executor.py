@@ -9,7 +9,8 @@ shares each controller call: every turn of the group is one batched `respond`.
 
 Limits, checked before every call: the turn limit Tmax (controller turns; 004 §5 uses 8) before each
 controller turn, the budget before each controller turn and each worker call (dispatch.py). A refused
-worker call ends the episode ("budget") once the calls already made have returned.
+worker call ends the episode ("budget") once the calls already made have returned. The episode
+row's `turn_limit` is Tmax: it counts controller turns, while `turns` counts every row.
 
 Malformed turns (004 §4.1 rewards schema-valid turns, S(τ), and penalises invalid ones through the
 per-turn shaping r_t): the turn row records the GrammarError as an error (rule "grammar/<kind>",
@@ -40,7 +41,9 @@ from routerops.errors import InputError, RouteropsError
 from routerops.orchestra import modes
 from routerops.orchestra.controller import Controller, ControllerTurn, Message
 from routerops.orchestra.dispatch import OK, REFUSED, SKIPPED, BudgetLedger, SubtaskOutcome, SubtaskRunner
-from routerops.orchestra.grammar import FinalAnswer, GrammarError, Plan, RouteTable, Subtask, Turn, TurnContext, parse_turn
+from routerops.orchestra.grammar import (
+    FinalAnswer, GrammarError, Plan, RouteTable, Subtask, Turn, TurnContext, parse_turn,
+)
 from routerops.orchestra.prompt import PoolRow, render_system_prompt
 from routerops.orchestra.render import render_error, render_observations
 from routerops.policies import episode_rng
@@ -59,7 +62,8 @@ Verifier = Callable[[Task, "str | None"], float]
 class ExecutorConfig:
     budget_usd: float = 0.05  # B per episode: controller and worker calls, checked before each
     turn_limit: int = TMAX  # controller turns per episode
-    controller_max_tokens: int = 1024  # the controller's completion cap, for its worst-case cost
+    # The controller's completion cap: its worst-case cost, reserved before each turn, assumes it.
+    controller_max_tokens: int = 1024
     end_on_malformed: bool = False  # True: a malformed turn ends the episode ("error") instead of a retry
     # 004 §5 blind pool: LLM workers appear to the controller as Worker1..K, the mapping drawn anew per
     # episode, so the policy learns workers from their results, not their brand names.
@@ -68,7 +72,8 @@ class ExecutorConfig:
 
     def __post_init__(self) -> None:
         if not self.budget_usd >= 0:
-            raise InputError("executor config", "budget_usd", f"expected a non-negative number, got {self.budget_usd!r}")
+            raise InputError("executor config", "budget_usd",
+                             f"expected a non-negative number, got {self.budget_usd!r}")
         for name in ("turn_limit", "controller_max_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

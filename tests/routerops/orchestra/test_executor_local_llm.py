@@ -47,7 +47,8 @@ async def test_an_orchestrated_episode_through_the_embedded_pool():
             if hasattr(worker, "aclose"):
                 await worker.aclose()
     episode, turns = result.episode, pd.DataFrame(result.turns)
-    assert (episode["ended_by"], episode["final_answer"], episode["score"], episode["mode"]) == ("done", "42", 1.0, "oneshot")
+    assert (episode["ended_by"], episode["final_answer"], episode["score"]) == ("done", "42", 1.0)
+    assert episode["mode"] == "oneshot"
     calls = turns[turns["actor"] == "worker"]
     assert calls[["subtask_id", "worker"]].values.tolist() == [
         ["1", "python"], ["2", "smol-direct"], ["2", "python"], ["3", "smol-cot"], ["4", "smol-direct"]]
