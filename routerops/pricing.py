@@ -1,6 +1,7 @@
 """Worker pools and versioned price books; costs are always derived from tokens and a price book.
 
-A pool file lists workers (endpoint, model, primitives, attributes); a price book gives, per worker,
+A pool file lists workers (endpoint, model, primitives, attributes) and may declare the closed
+primitive vocabulary they draw on (`routerops.primitives`); a price book gives, per worker,
 $/1M input tokens, $/1M output tokens, $/1M cached input tokens and a per-call fee, with a version
 and an effective date. Nothing stores a typed-in cost: `derive_costs` recomputes every turn's cost
 from its token counts, so a new price book re-prices logged trajectories without a single call.
@@ -20,11 +21,12 @@ import yaml
 
 from routerops.errors import InputError
 from routerops.files import read_text
+from routerops.primitives import DEFAULT_PRIMITIVES, PRIMITIVE_KEYS, PRIMITIVE_NAME, PRIMITIVE_RUNS, PrimitiveSpec
 
 WORKER_KINDS = ("llm", "python", "sympy")
 PRICE_FIELDS = ("input_per_1m", "output_per_1m", "cached_input_per_1m", "per_call")
 BOOK_KEYS = ("version", "effective_date", "currency", "prices")
-POOL_KEYS = ("name", "workers")
+POOL_KEYS = ("name", "primitives", "workers")
 # Budgets, costs and every report are in USD; a book in another currency would be read as dollars.
 CURRENCY = "USD"
 
@@ -35,6 +37,8 @@ class WorkerSpec:
 
     name: str
     kind: str  # one of WORKER_KINDS
+    # What flat routers (MTRouter, the collection pipeline) may ask of this worker: one call on the
+    # whole task per (worker, primitive) action (`Pool.actions`).
     primitives: tuple[str, ...]
     endpoint: str = "local"  # "local" = the llama.cpp server the pipeline launches; else a base URL
     model: str = ""
@@ -44,12 +48,23 @@ class WorkerSpec:
     concurrency: int = 4
     timeout_s: float = 60.0
     max_retries: int = 4
+    # What the orchestrator may also route a subtask to on this worker, beyond `primitives` (004 §4:
+    # each subtask goes to an admissible (model, primitive) pair). Kept apart so that adding an
+    # orchestration primitive does not add actions to every flat router's pool.
+    subtask_primitives: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Lists from YAML or JSON become tuples, so a spec read back from a saved model equals the original.
+        object.__setattr__(self, "primitives", tuple(self.primitives))
+        object.__setattr__(self, "subtask_primitives", tuple(self.subtask_primitives))
 
 
 @dataclass(frozen=True)
 class Pool:
     name: str
     workers: tuple[WorkerSpec, ...]
+    # The closed primitive vocabulary, by name (the pool file's `primitives:`; DEFAULT_PRIMITIVES when absent).
+    primitives: dict[str, PrimitiveSpec] = field(default_factory=lambda: dict(DEFAULT_PRIMITIVES))
 
     def worker(self, name: str) -> WorkerSpec:
         for w in self.workers:
@@ -64,6 +79,16 @@ class Pool:
     def actions(self) -> list[tuple[str, str]]:
         """Every (worker, primitive) pair the pool supports, in file order."""
         return [(w.name, p) for w in self.workers for p in w.primitives]
+
+    def admissible_pairs(self) -> list[tuple[str, str]]:
+        """Every (worker, primitive) pair an orchestrator may route a subtask to (004 §4, the set 𝒫):
+        each worker's `primitives` then its `subtask_primitives`, in file order."""
+        return [(w.name, p) for w in self.workers for p in (*w.primitives, *w.subtask_primitives)]
+
+    def primitive(self, name: str) -> PrimitiveSpec:
+        if name not in self.primitives:
+            raise KeyError(f"unknown primitive {name!r}; the pool's vocabulary has {sorted(self.primitives)}")
+        return self.primitives[name]
 
 
 @dataclass(frozen=True)
@@ -141,37 +166,113 @@ def _require(path: Path, data: dict, key: str, where: str = "") -> Any:
 
 
 def load_pool(path: str | Path) -> Pool:
+    """A checked pool: InputError(path, field, problem) for anything wrong in it, including a worker
+    that names a primitive outside the vocabulary or one its kind cannot run."""
     path = Path(path)
     data = _read_yaml(path)
     reject_unknown_keys(path, data, POOL_KEYS)
+    vocabulary = _parse_vocabulary(path, data)
     raw_workers = _require(path, data, "workers")
     if not isinstance(raw_workers, list) or not raw_workers:
         raise InputError(path, "workers", "expected a non-empty list")
     workers, seen = [], set()
-    allowed = tuple(WorkerSpec.__dataclass_fields__)
     for i, raw in enumerate(raw_workers):
-        where = f"workers[{i}]."
-        if not isinstance(raw, dict):
-            raise InputError(path, f"workers[{i}]", "expected a mapping")
-        reject_unknown_keys(path, raw, allowed, where)
-        name = _require(path, raw, "name", where)
-        kind = _require(path, raw, "kind", where)
-        if kind not in WORKER_KINDS:
-            raise InputError(path, where + "kind", f"{kind!r} is not one of {WORKER_KINDS}")
-        if name in seen:
-            raise InputError(path, where + "name", f"duplicate worker {name!r}")
-        seen.add(name)
-        prims = _require(path, raw, "primitives", where)
-        if not isinstance(prims, list) or not prims:
-            raise InputError(path, where + "primitives", "expected a non-empty list")
-        attrs = raw.get("attributes", {}) or {}
-        for k, v in attrs.items():
-            if not isinstance(v, (int, float)) or isinstance(v, bool):
-                raise InputError(path, where + f"attributes.{k}", f"expected a number, got {v!r}")
-        workers.append(
-            WorkerSpec(**{**raw, "primitives": tuple(prims), "attributes": {k: float(v) for k, v in attrs.items()}})
-        )
-    return Pool(name=str(data.get("name", path.stem)), workers=tuple(workers))
+        spec = _parse_worker(path, raw, f"workers[{i}]")
+        if spec.name in seen:
+            raise InputError(path, f"workers[{i}].name", f"duplicate worker {spec.name!r}")
+        seen.add(spec.name)
+        _check_admitted(path, spec, vocabulary, f"workers[{i}].")
+        workers.append(spec)
+    _check_runners(path, vocabulary, workers)
+    return Pool(name=str(data.get("name", path.stem)), workers=tuple(workers), primitives=vocabulary)
+
+
+def _parse_worker(path: Path, raw: Any, where_item: str) -> WorkerSpec:
+    where = where_item + "."
+    if not isinstance(raw, dict):
+        raise InputError(path, where_item, "expected a mapping")
+    reject_unknown_keys(path, raw, tuple(WorkerSpec.__dataclass_fields__), where)
+    _require(path, raw, "name", where)
+    kind = _require(path, raw, "kind", where)
+    if kind not in WORKER_KINDS:
+        raise InputError(path, where + "kind", f"{kind!r} is not one of {WORKER_KINDS}")
+    prims = _require(path, raw, "primitives", where)
+    if not isinstance(prims, list) or not prims:
+        raise InputError(path, where + "primitives", "expected a non-empty list")
+    extra = raw.get("subtask_primitives", []) or []
+    if not isinstance(extra, list):
+        raise InputError(path, where + "subtask_primitives", "expected a list")
+    attrs = raw.get("attributes", {}) or {}
+    for k, v in attrs.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise InputError(path, where + f"attributes.{k}", f"expected a number, got {v!r}")
+    return WorkerSpec(**{**raw, "primitives": tuple(prims), "subtask_primitives": tuple(extra),
+                         "attributes": {k: float(v) for k, v in attrs.items()}})
+
+
+def _parse_vocabulary(path: Path, data: dict) -> dict[str, PrimitiveSpec]:
+    """The pool's `primitives:` section (routerops.primitives), or the default vocabulary."""
+    if "primitives" not in data:
+        return dict(DEFAULT_PRIMITIVES)
+    raw = data["primitives"]
+    if not isinstance(raw, dict) or not raw:
+        raise InputError(path, "primitives", "expected a non-empty mapping primitive name -> how it runs")
+    return {str(name): _parse_primitive(path, str(name), entry) for name, entry in raw.items()}
+
+
+def _parse_primitive(path: Path, name: str, raw: Any) -> PrimitiveSpec:
+    where = f"primitives.{name}"
+    if not PRIMITIVE_NAME.match(name):
+        raise InputError(path, where, "a primitive name is a lower-case word (letters, digits, _), "
+                                      "as the controller writes it in skill=\"...\"")
+    if not isinstance(raw, dict):
+        raise InputError(path, where, "expected a mapping with at least `run`")
+    reject_unknown_keys(path, raw, PRIMITIVE_KEYS, where + ".")
+    run = _require(path, raw, "run", where + ".")
+    if run not in PRIMITIVE_RUNS:
+        raise InputError(path, where + ".run", f"{run!r} is not one of {PRIMITIVE_RUNS}")
+    for key in ("contract", "instruction", "runner"):
+        if not isinstance(raw.get(key, ""), str):
+            raise InputError(path, f"{where}.{key}", f"expected text, got {raw[key]!r}")
+    cap = raw.get("max_tokens")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0):
+        raise InputError(path, where + ".max_tokens", f"expected a positive integer, got {cap!r}")
+    if run != "llm_program" and raw.get("runner"):
+        raise InputError(path, where + ".runner", "only an llm_program primitive has a runner")
+    if run in ("python", "sympy") and (raw.get("instruction") or cap is not None):
+        bad = "instruction" if raw.get("instruction") else "max_tokens"
+        raise InputError(path, f"{where}.{bad}", f"a {run} tool primitive runs its input as given: no {bad}")
+    if run == "llm_program" and not raw.get("runner"):
+        raise InputError(path, where + ".runner", "missing: name the python worker that runs the program")
+    return PrimitiveSpec(name=name, run=run, contract=raw.get("contract", ""), instruction=raw.get("instruction", ""),
+                         runner=raw.get("runner", ""), max_tokens=cap)
+
+
+def _check_admitted(path: Path, spec: WorkerSpec, vocabulary: dict[str, PrimitiveSpec], where: str) -> None:
+    """Every primitive a worker lists is in the vocabulary, listed once, and runnable by its kind."""
+    listed: set[str] = set()
+    for field_name in ("primitives", "subtask_primitives"):
+        for j, name in enumerate(getattr(spec, field_name)):
+            at = f"{where}{field_name}[{j}]"
+            if name not in vocabulary:
+                raise InputError(path, at, f"unknown primitive {name!r}; the vocabulary (primitives:) has "
+                                           f"{', '.join(sorted(vocabulary))}")
+            if name in listed:
+                raise InputError(path, at, f"primitive {name!r} listed twice for worker {spec.name!r}")
+            listed.add(name)
+            needed = vocabulary[name].worker_kind
+            if spec.kind != needed:
+                raise InputError(path, at, f"primitive {name!r} runs on a {needed} worker; {spec.name!r} is "
+                                           f"a {spec.kind} worker")
+
+
+def _check_runners(path: Path, vocabulary: dict[str, PrimitiveSpec], workers: list[WorkerSpec]) -> None:
+    """An llm_program primitive's runner is a python worker of this pool."""
+    kinds = {w.name: w.kind for w in workers}
+    for prim in vocabulary.values():
+        if prim.run == "llm_program" and kinds.get(prim.runner) != "python":
+            raise InputError(path, f"primitives.{prim.name}.runner", f"{prim.runner!r} is not a python worker "
+                                                                    f"of this pool ({', '.join(kinds)})")
 
 
 def _parse_price(path: Path, worker: str, raw: Any) -> Price:

@@ -225,6 +225,7 @@ def episode_row(eid: str, run_id: str, task: Task, policy: Policy, seed: int, st
         "completion_tokens": sum(t.completion_tokens for t in state.turns),
         "cached_tokens": sum(t.cached_tokens for t in state.turns),
         "cost_usd": sum(t.cost_usd for t in state.turns), "ended_by": ended_by, "error": error,
+        "mode": "", "conversation": "",  # orchestrator columns: a flat router has neither
     }
 
 
@@ -264,11 +265,14 @@ def read_journal(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def upgrade_journal_entry(entry: dict[str, Any]) -> dict[str, Any]:
-    """A journal line written before schema version 2 has turns without `observation`; like
+    """A journal line written before schema version 2 has turns without `observation`, one written
+    before version 3 an episode without `mode` and `conversation`; like
     schema.read_table on a version-1 file, it gets "" (never logged), so a collection begun by the
     old code resumes and its tables still hold every column."""
     for turn in entry["turns"]:
         turn.setdefault("observation", "")
+    for column, value in schema.LATER_COLUMNS["episodes"].items():  # written before schema version 3
+        entry["episode"].setdefault(column, value)
     return entry
 
 

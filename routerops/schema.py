@@ -21,10 +21,12 @@ import pyarrow.parquet as pq
 
 from routerops.errors import InputError
 
-SCHEMA_VERSION = "2"
-# Version "1" files are still read (old DVC-tracked data): they predate the turns' `observation`
-# column (issue 4), which read_table then adds as "" — it was never logged.
-READABLE_VERSIONS = ("1", SCHEMA_VERSION)
+SCHEMA_VERSION = "3"
+# Older files are still read (old DVC-tracked data). Version "1" predates the turns' `observation`
+# column (issue 4), which read_table then adds as "" — it was never logged. Versions "1" and "2"
+# predate the episodes' `mode` and `conversation` (the orchestrator, issue 10), added as "" (no
+# orchestrator wrote them).
+READABLE_VERSIONS = ("1", "2", SCHEMA_VERSION)
 
 # Ended-by values for an episode.
 END_DONE, END_TURN_LIMIT, END_BUDGET, END_ERROR = "done", "turn_limit", "budget", "error"
@@ -53,6 +55,11 @@ EPISODE_SCHEMA = pa.schema(
         ("cost_usd", pa.float64()),  # derived: sum of the turns' derived costs
         ("ended_by", pa.string()),  # one of END_REASONS
         ("error", pa.string()),  # last error message when ended_by == "error", else ""
+        # Orchestrator episodes (routerops.orchestra): the behaviour mode (orchestra.modes.MODES) and the
+        # whole chat as JSON (system prompt, task, the controller's turns, the executor's <obs>), what
+        # SFT trains on. "" for flat routers' episodes.
+        ("mode", pa.string()),
+        ("conversation", pa.string()),
     ],
     metadata={"routerops_schema_version": SCHEMA_VERSION, "table": "episodes"},
 )
@@ -61,7 +68,9 @@ TURN_SCHEMA = pa.schema(
     [
         ("episode_id", pa.string()),
         ("turn_index", pa.int64()),  # 0, 1, 2 ... contiguous within an episode
-        ("actor", pa.string()),  # who chose the action: the policy name
+        # who chose the action: the policy name; for orchestrator episodes "controller" (the controller's
+        # own tokens, the only ones SFT and RL train on) or "worker" (a subtask's call: observation tokens)
+        ("actor", pa.string()),
         ("worker", pa.string()),
         ("primitive", pa.string()),
         ("subtask_id", pa.string()),
@@ -84,6 +93,9 @@ TURN_SCHEMA = pa.schema(
 )
 
 SCHEMAS = {"episodes": EPISODE_SCHEMA, "turns": TURN_SCHEMA}
+# Columns added after version 2, with the value that means "not written": older files get it on
+# reading, and a writer that predates a column may leave it out.
+LATER_COLUMNS = {"episodes": {"mode": "", "conversation": ""}, "turns": {}}
 
 TOKEN_COLUMNS = ("prompt_tokens", "completion_tokens", "cached_tokens")
 # The largest token count a row may hold: far above any call or episode (context windows are ~1e7
@@ -100,6 +112,9 @@ def episode_id(run_id: str, task_id: str, policy: str, seed: int) -> str:
 
 def to_table(frame: pd.DataFrame, kind: str) -> pa.Table:
     schema = SCHEMAS[kind]
+    absent = {k: v for k, v in LATER_COLUMNS[kind].items() if k not in frame.columns}
+    if absent:
+        frame = frame.assign(**absent)
     missing = [n for n in schema.names if n not in frame.columns]
     if missing:
         raise InputError(f"<{kind} table>", missing[0], "column missing")
@@ -137,6 +152,8 @@ def read_table(path: str | Path, kind: str) -> pd.DataFrame:
                          f"expected one of {', '.join(READABLE_VERSIONS)}, found {version or 'none'}")
     if version == "1" and kind == "turns":
         table = upgrade_v1_turns(table)
+    if version in ("1", "2"):
+        table = add_later_columns(table, kind)
     missing = [n for n in SCHEMAS[kind].names if n not in table.column_names]
     if missing:
         raise InputError(path, missing[0], "column missing")
@@ -182,6 +199,14 @@ def upgrade_v1_turns(table: pa.Table) -> pa.Table:
     blank = pa.array([""] * table.num_rows, type=pa.string())
     at = min(TURN_SCHEMA.get_field_index("observation"), table.num_columns)  # a truncated file fails below
     return table.add_column(at, "observation", blank)
+
+
+def add_later_columns(table: pa.Table, kind: str) -> pa.Table:
+    """A version-1 or -2 table with the columns added since (LATER_COLUMNS) at their "not written" value."""
+    for name, value in LATER_COLUMNS[kind].items():
+        if name not in table.column_names:
+            table = table.append_column(name, pa.array([value] * table.num_rows, type=pa.string()))
+    return table
 
 
 def empty_frame(kind: str) -> pd.DataFrame:

@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from routerops.errors import InputError
+from routerops.orchestra.modes import CONTROLLER_ACTOR
 from routerops.pricing import Pool, PriceBook, derive_costs
 from routerops.schema import END_REASONS, SCHEMAS
 
@@ -82,7 +83,7 @@ def derived_turn_costs(turns: pd.DataFrame, book: PriceBook) -> pd.Series:
     return out
 
 
-def augment_turns(turns: pd.DataFrame, episodes: pd.DataFrame, book: PriceBook) -> pd.DataFrame:
+def augment_turns(turns: pd.DataFrame, episodes: pd.DataFrame, pool: Pool, book: PriceBook) -> pd.DataFrame:
     t = turns.reset_index(drop=True)
     # Within an episode, the k-th smallest turn_index must be k: with unique (episode, index) pairs
     # this makes the indices exactly 0..n-1.
@@ -90,6 +91,8 @@ def augment_turns(turns: pd.DataFrame, episodes: pd.DataFrame, book: PriceBook) 
     t["_derived_cost_usd"] = derived_turn_costs(t, book)
     t["_cost_rel_error"] = relative_error(t["cost_usd"], t["_derived_cost_usd"])
     t["_episode_known"] = t["episode_id"].isin(set(episodes["episode_id"]))
+    # An orchestrator's own turns name the controller as their worker: it is priced, not in the pool.
+    t["_worker_known"] = t["worker"].isin(pool.names) | (t["actor"] == CONTROLLER_ACTOR)
     return t
 
 
@@ -145,7 +148,7 @@ def turn_expectations(gxe: Any, pool: Pool, book: PriceBook) -> list[Any]:
         gxe.ExpectColumnPairValuesToBeEqual(column_A="turn_index", column_B="_expected_turn_index",
                                             **m("turn_index_contiguous")),
         gxe.ExpectColumnValuesToBeInSet(column="_episode_known", value_set=[True], **m("turn_episode_exists")),
-        gxe.ExpectColumnValuesToBeInSet(column="worker", value_set=pool.names, **m("worker_in_pool")),
+        gxe.ExpectColumnValuesToBeInSet(column="_worker_known", value_set=[True], **m("worker_in_pool")),
         gxe.ExpectColumnValuesToBeInSet(column="worker", value_set=list(book.prices), **m("worker_priced")),
         gxe.ExpectColumnValuesToNotBeNull(column="cost_usd", **m("turn_cost_present")),
         gxe.ExpectColumnValuesToBeBetween(column="_cost_rel_error", min_value=0, max_value=COST_RTOL,
@@ -164,7 +167,7 @@ def turn_expectations(gxe: Any, pool: Pool, book: PriceBook) -> list[Any]:
 
 # Where a failure of a helper column shows to the user: the real column it is computed from.
 SHOWN_COLUMN = {"_turn_rows": "turns", "_cost_rel_error": "cost_usd", "_expected_turn_index": "turn_index",
-                "_episode_known": "episode_id", **{f"_turn_{c}": c for c in TOKEN_COLUMNS}}
+                "_episode_known": "episode_id", "_worker_known": "worker", **{f"_turn_{c}": c for c in TOKEN_COLUMNS}}
 # Checks that compare a row with values computed from other rows: they fail as a consequence when a
 # row-level check fails, so the CLI reports them last.
 CONSISTENCY_CHECKS = {"turn_count_matches", "episode_cost_is_sum", "episode_tokens_are_sum", "turn_cost_derived"}
@@ -232,7 +235,7 @@ def validate_trajectories(episodes: pd.DataFrame, turns: pd.DataFrame, pool: Poo
     context = ephemeral_context()
     results = run_suite(context, "episodes", augment_episodes(episodes, turns),
                         episode_expectations(gxe, book, score_range))
-    results += run_suite(context, "turns", augment_turns(turns, episodes, book), turn_expectations(gxe, pool, book))
+    results += run_suite(context, "turns", augment_turns(turns, episodes, pool, book), turn_expectations(gxe, pool, book))
     return ValidationReport(passed=all(r.success for r in results), n_episodes=len(episodes), n_turns=len(turns),
                             price_book_version=book.version, results=results)
 

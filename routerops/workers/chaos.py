@@ -2,7 +2,7 @@
 
 - `DelayedEndpoint`: an OpenAI-compatible chat-completions server that answers every request after a
   fixed delay with a short deterministic completion and a usage block computed from the request, and
-  records how many requests were in flight at once.
+  records how many requests were in flight at once and the request bodies it received.
 - `FaultProxy`: a reverse proxy in front of any OpenAI-compatible server that, on a seeded fraction of
   calls, hangs past the client's timeout, answers 429 or 500, or cuts the JSON body in half.
 
@@ -103,6 +103,7 @@ class DelayedEndpoint:
         self.requests = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.received: list[dict] = []  # every chat request body, in arrival order
         self._lock = threading.Lock()
         app = Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -125,6 +126,7 @@ class DelayedEndpoint:
         body = await request.json()
         with self._lock:
             self.requests += 1
+            self.received.append(body)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:

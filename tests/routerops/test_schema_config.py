@@ -61,7 +61,17 @@ def test_a_version_1_turns_file_reads_with_empty_observations(tmp_path):
     assert list(schema.read_table(episodes, "episodes").columns) == schema.EPISODE_SCHEMA.names
 
 
-@pytest.mark.parametrize("version", ["", "0", "3"])
+def test_a_version_2_episodes_file_reads_with_empty_orchestrator_columns(tmp_path):
+    types = {f.name: f.type for f in schema.EPISODE_SCHEMA}
+    row = {c: 0 if pa.types.is_integer(t) else 0.0 if pa.types.is_floating(t) else False if pa.types.is_boolean(t)
+           else "x" for c, t in types.items() if c not in ("mode", "conversation")}
+    path = write_with_version(pd.DataFrame([row]), "episodes", "2", tmp_path / "e2.parquet")
+    episodes = schema.read_table(path, "episodes")
+    assert list(episodes.columns) == schema.EPISODE_SCHEMA.names
+    assert episodes[["mode", "conversation"]].iloc[0].tolist() == ["", ""]
+
+
+@pytest.mark.parametrize("version", ["", "0", "4"])
 def test_reading_another_schema_version_names_the_field(tmp_path, version):
     path = tmp_path / "old.parquet"
     table = pa.table({"episode_id": ["x"]})
