@@ -22,6 +22,7 @@ lower mean val USD, then the configured order). Nothing here reads a test or OOD
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -42,7 +43,7 @@ from routerops.errors import InputError
 from routerops.policies import SINGLE, UniformRandomRouter, policies_by_name
 from routerops.pricing import Pool, PriceBook
 from routerops.report import to_markdown
-from routerops.rollout import collect_sync
+from routerops.rollout import collect
 from routerops.types import Task
 from routerops.workers import build_workers
 from routerops.workers.server import local_llm_server
@@ -141,9 +142,20 @@ def collect_baseline_episodes(plan: list[tuple[str, list[Task], list]], pool: Po
     with server or contextlib.nullcontext() as base_url:
         common = dict(env=QAEnvironment(), workers=build_workers(pool, base_url), book=book, budget_usd=budget_usd,
                       turn_limit=turn_limit, run_id=run_id, seed=seed, concurrency=concurrency)
-        parts = [collect_sync(part, policies, out_dir=out_dir / split, **common) for split, part, policies in plan]
+        parts = asyncio.run(collect_parts(plan, out_dir, common))
     return (pd.concat([ep for ep, _ in parts], ignore_index=True),
             pd.concat([tu for _, tu in parts], ignore_index=True))
+
+
+async def collect_parts(plan: list[tuple[str, list[Task], list]], out_dir: Path, common: dict) -> list:
+    """Every part in one event loop, whose HTTP clients are closed on it at the end (an LLM worker's
+    client belongs to the loop it was made in; one loop per part would leave them to the collector)."""
+    try:
+        return [await collect(part, policies, out_dir=out_dir / split, **common) for split, part, policies in plan]
+    finally:
+        for worker in common["workers"].values():
+            if hasattr(worker, "aclose"):
+                await worker.aclose()
 
 
 # ---------------------------------------------------------------- rows of the rolled-out baselines
@@ -312,11 +324,15 @@ def baseline_table(episodes: pd.DataFrame, grid: pd.DataFrame, book: PriceBook, 
         rows += rollout_rows(episodes, split)
         rows.append(learned_row(learned[best], "router", split, n_tasks, router_protocol(split, routers)))
         rows.append(learned_row(learned[MTROUTER], "mtrouter", split, n_tasks, router_protocol(split)))
-    selection = pd.DataFrame([{"router": r.router, "seed": r.seed, "cost_weight": r.knob,
-                               "val_accuracy": r.by_split[CHOOSE_ON][0], "val_usd_per_episode": r.by_split[CHOOSE_ON][1],
-                               "reported": r.router in (best, MTROUTER)}
-                              for results in learned.values() for r in results], columns=SELECTION_COLUMNS)
-    return pd.DataFrame(rows, columns=TABLE_COLUMNS), selection
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS), selection_table(learned, reported={best, MTROUTER})
+
+
+def selection_table(learned: dict[str, list[LearnedResult]], reported: set[str]) -> pd.DataFrame:
+    """Every fitted router's λ and val numbers: the whole record of the choices, on val alone."""
+    rows = [{"router": r.router, "seed": r.seed, "cost_weight": r.knob, "val_accuracy": r.by_split[CHOOSE_ON][0],
+             "val_usd_per_episode": r.by_split[CHOOSE_ON][1], "reported": r.router in reported}
+            for results in learned.values() for r in results]
+    return pd.DataFrame(rows, columns=SELECTION_COLUMNS)
 
 
 def write_baseline_report(table: pd.DataFrame, selection: pd.DataFrame, csv_path: Path, markdown_path: Path,

@@ -122,10 +122,11 @@ def test_operating_point_is_the_most_accurate_on_val_then_the_cheapest():
     val = bl.GridSplit(RoutingData(["a", "b", "c", "d"], ["a", "b", "c", "d"], ["cheap", "dear"], success, usd),
                        success, usd)
     quality = np.array([[0.9, 0.95], [0.8, 0.9], [0.2, 0.9], [0.1, 0.8]])
-    point = bl.choose_operating_point(registry.make_router("knn"), quality, val, np.array([1.0, 10.0]))
+    router, expected = registry.make_router("knn"), np.array([1.0, 10.0])
+    point = bl.choose_operating_point(router, quality, val, expected)
     # λ = 0 sends all four dear (accuracy 1, $10); the chosen λ keeps accuracy 1 and sends 0 and 1 cheap
     assert point.accuracy == 1.0 and point.usd == pytest.approx(5.5)
-    assert np.array_equal(bl.decide(registry.make_router("knn"), quality, np.array([1.0, 10.0]), point.knob), [0, 0, 1, 1])
+    assert np.array_equal(bl.decide(router, quality, expected, point.knob), [0, 0, 1, 1])
 
 
 def test_the_best_single_turn_router_is_chosen_on_val_alone():
