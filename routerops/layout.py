@@ -164,3 +164,28 @@ class Layout:
         """Resumable rollout journals of the orchestra stages (not DVC outputs)."""
         return self.root / ".routerops/orchestra"
 
+
+    # ---- orchestrator pipeline: the baseline rows of its results table (stages/orchestra.baselines)
+    @property
+    def orchestra_baselines(self) -> Trajectories:
+        """Single-worker episodes (every split) and the random router's (test, OOD) on the orchestra tasks."""
+        return Trajectories.under(self.orchestra_data / "baselines")
+
+    @property
+    def orchestra_grid(self) -> Path:
+        """(task × worker) logged outcomes of those single-worker episodes, `split` column kept."""
+        return self.orchestra_baselines.folder / "grid.parquet"
+
+    @property
+    def orchestra_baselines_table(self) -> Path:
+        """One row per (baseline, split ∈ {test, ood}): accuracy and USD per episode."""
+        return self.orchestra_reports / "baselines.csv"
+
+    @property
+    def orchestra_baselines_markdown(self) -> Path:
+        return self.orchestra_reports / "baselines.md"
+
+    @property
+    def orchestra_baselines_selection(self) -> Path:
+        """Every learned router's operating point and val numbers: how the reported ones were chosen."""
+        return self.orchestra_reports / "baselines_selection.csv"

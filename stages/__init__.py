@@ -46,6 +46,7 @@ STAGES: dict[str, Stage] = {
     "mtrouter-track": Stage(track.mtrouter_track, mtrouter.load_run,
                             lambda L: (L.mtrouter_reports / "registry.json",)),
     "orchestra-tasks": Stage(orchestra.tasks, orchestra.load_run, lambda L: ()),
+    "orchestra-baselines": Stage(orchestra.baselines, orchestra.load_run, lambda L: (L.orchestra_tasks,)),
 }
 
 

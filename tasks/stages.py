@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prefect import task
 
-from stages import mtrouter, pipeline, replay, routers, track
+from stages import mtrouter, orchestra, pipeline, replay, routers, track
 
 materialise_task = task(pipeline.materialise, name="materialise-suites")
 # Collection talks to live endpoints; the engine retries single calls, and a rerun of the task
@@ -29,3 +29,6 @@ mt_evaluate_task = task(mtrouter.evaluate, name="mtrouter-evaluate")
 mt_analyses_task = task(mtrouter.analyses_stage, name="mtrouter-analyses")
 mt_register_task = task(mtrouter.register, name="mtrouter-register")
 mt_track_task = task(track.mtrouter_track, name="mtrouter-track")
+
+# Rolls single workers and the random router out through live workers; a rerun resumes from the journal.
+orchestra_baselines_task = task(orchestra.baselines, name="orchestra-baselines", retries=1, retry_delay_seconds=5)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pandas as pd
 import pytest
 import yaml
 
+from evaluation.baselines import TABLE_COLUMNS
+from models import registry
 from routerops.envs.suites import materialise_suites, read_tasks
 from routerops.errors import InputError
 from routerops.layout import Layout
-from stages.orchestra import OrchestraRun, OrchestraTasks, load_run, tasks
+from routerops.pricing import derive_costs, load_pool, load_price_book
+from stages.orchestra import OrchestraBaselines, OrchestraRun, OrchestraTasks, baselines, load_run, tasks
 
 
 def test_tasks_share_the_main_pipelines_test_and_ood_tasks_whatever_the_train_size(tmp_path):
@@ -31,3 +37,67 @@ def test_unknown_keys_are_refused_with_their_path(tmp_path):
     params.write_text(yaml.safe_dump({"orchestra": {"tasks": {"train": 3}, "turn_limit": 4}}))
     run = load_run(params)
     assert run.tasks.train == 3 and run.turn_limit == 4 and run.tasks.test == OrchestraTasks().test
+
+
+# ---------------------------------------------------------------- stage: baselines (real llama.cpp server)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def recording(factory, seen: set):
+    """The registry's own router, with the query ids it is fitted on written down."""
+    def build(seed):
+        router = factory(seed)
+        fit = router.fit
+
+        def recorded_fit(data):
+            seen.update(data.query_ids)
+            return fit(data)
+
+        router.fit = recorded_fit
+        return router
+    return build
+
+
+@pytest.mark.slow
+def test_baselines_stage_with_the_real_server_reports_test_and_ood_without_training_on_them(tmp_path, monkeypatch):
+    seen = {"knn": set(), "mtrouter": set()}
+    for name in seen:
+        monkeypatch.setitem(registry.ROUTER_FACTORIES, name, recording(registry.ROUTER_FACTORIES[name], seen[name]))
+    # The smallest run: two tasks per split, one router seed; the repository's pool and price book.
+    run = OrchestraRun(pool=str(REPO / "configs/pool.yaml"), price_book=str(REPO / "configs/prices/current.yaml"),
+                       tasks=OrchestraTasks(families=["basic_arithmetic", "gcd"], train=1, val=1, test=1, ood=2),
+                       baselines=OrchestraBaselines(routers=["knn", "logistic"], router_seeds=[0]))
+    layout = Layout(tmp_path)
+    task_path = tasks(run, layout)
+    by_split = {s: {t.task_id for t in read_tasks(task_path) if t.split == s} for s in ("train", "val", "test", "ood")}
+
+    table = pd.read_csv(baselines(run, layout, task_path))
+
+    for name, ids in seen.items():  # no val, test or OOD task id reaches a router's training data
+        assert ids and ids <= by_split["train"], name
+    assert list(table.columns) == TABLE_COLUMNS
+    pool_actions = [f"single/{w}/{p}" for w, p in load_pool(run.pool).actions()]
+    episodes = pd.read_parquet(layout.orchestra_baselines.episodes)
+    turns = pd.read_parquet(layout.orchestra_baselines.turns)
+    book = load_price_book(run.price_book)
+    for split in ("test", "ood"):
+        rows = table[table.split == split]
+        assert sorted(rows[rows.kind == "single"].policy) == sorted(pool_actions)
+        assert list(rows.kind.drop_duplicates()) == ["single", "random", "router", "mtrouter"]
+        assert set(rows[rows.kind == "router"].policy) <= {"knn", "logistic"}
+        assert (rows.episodes == len(by_split[split])).all()
+        assert rows.accuracy.between(0, 1).all() and (rows.usd_per_episode >= 0).all()
+        # USD per episode from the real token counts under the run's price book
+        mine = episodes[(episodes.split == split) & (episodes.policy == "uniform_random")]
+        usd = derive_costs(turns[turns.episode_id.isin(mine.episode_id)], book).sum() / len(mine)
+        assert rows.set_index("policy").loc["uniform_random", "usd_per_episode"] == pytest.approx(usd)
+    # single workers ran on every split, the random router on test and OOD only, within the budget
+    assert set(episodes[episodes.policy == "uniform_random"].split) == {"test", "ood"}
+    assert set(episodes.split) == {"train", "val", "test", "ood"} and (episodes.cost_usd <= run.budget_usd).all()
+    selection = pd.read_csv(layout.orchestra_baselines_selection)
+    assert set(selection.router) == {"knn", "logistic", "mtrouter"}
+    assert layout.orchestra_baselines_markdown.read_text().startswith("# Orchestra baselines")
+    assert (layout.orchestra_manifests / "orchestra-baselines.json").is_file()
+    journals = list((layout.orchestra_journals / "baselines").glob("*/*/journal.jsonl"))
+    assert sum(len(j.read_text().splitlines()) for j in journals) == len(episodes)  # a rerun resumes from them
