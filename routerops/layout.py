@@ -189,3 +189,30 @@ class Layout:
     def orchestra_baselines_selection(self) -> Path:
         """Every learned router's operating point and val numbers: how the reported ones were chosen."""
         return self.orchestra_reports / "baselines_selection.csv"
+
+    # ---- orchestrator pipeline: the curriculum (teacher → verifier filter)
+    @property
+    def orchestra_teacher(self) -> Trajectories:
+        """The teacher's trajectories (episodes with their conversations) on the train tasks."""
+        return Trajectories.under(self.orchestra_data / "teacher")
+
+    @property
+    def orchestra_probe(self) -> Trajectories:
+        """The cold-start controller π(0)'s episodes on the train tasks (004 App. A.4)."""
+        return Trajectories.under(self.orchestra_data / "probe")
+
+    @property
+    def orchestra_sft(self) -> Path:
+        """D_SFT: verifier-passing teacher conversations, one JSON line each."""
+        return self.orchestra_data / "curriculum/sft.jsonl"
+
+    @property
+    def orchestra_rl_tasks(self) -> Path:
+        """D_RL: the residual hard pool (tasks no teacher trajectory solved)."""
+        return self.orchestra_data / "curriculum/rl_tasks.jsonl"
+
+    @property
+    def orchestra_decisions(self) -> Path:
+        """Every teacher trajectory: kept or dropped, and why."""
+        return self.orchestra_data / "curriculum/decisions.csv"
+

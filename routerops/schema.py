@@ -245,6 +245,20 @@ def write_csv_atomic(frame: pd.DataFrame, path: str | Path) -> Path:
     return path
 
 
+def write_text_atomic(text: str, path: str | Path) -> Path:
+    """Text (UTF-8) written to a temp file beside `path`, then renamed (see write_json_atomic)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return path
+
+
 def write_json_atomic(obj: Any, path: str | Path) -> Path:
     """JSON written to a temp file beside `path`, then renamed: a reader never sees half a file."""
     path = Path(path)

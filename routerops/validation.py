@@ -171,7 +171,8 @@ SHOWN_COLUMN = {"_turn_rows": "turns", "_cost_rel_error": "cost_usd", "_expected
 # Checks that compare a row with values computed from other rows: they fail as a consequence when a
 # row-level check fails, so the CLI reports them last.
 CONSISTENCY_CHECKS = {"turn_count_matches", "episode_cost_is_sum", "episode_tokens_are_sum", "turn_cost_derived"}
-KEY_COLUMNS = {"episodes": ["episode_id"], "turns": ["episode_id", "turn_index"]}
+KEY_COLUMNS = {"episodes": ["episode_id"], "turns": ["episode_id", "turn_index"],
+               "decisions": ["episode_id"], "sft": ["episode_id"]}  # the last two: the curriculum filter
 
 
 def run_suite(context: Any, name: str, frame: pd.DataFrame, expectations: list[Any]) -> list[CheckResult]:

@@ -46,6 +46,9 @@ STAGES: dict[str, Stage] = {
     "mtrouter-track": Stage(track.mtrouter_track, mtrouter.load_run,
                             lambda L: (L.mtrouter_reports / "registry.json",)),
     "orchestra-tasks": Stage(orchestra.tasks, orchestra.load_run, lambda L: ()),
+    "orchestra-teacher": Stage(orchestra.teacher, orchestra.load_run, lambda L: (L.orchestra_tasks,)),
+    "orchestra-filter": Stage(orchestra.verifier_filter, orchestra.load_run,
+                              lambda L: (L.orchestra_tasks, L.orchestra_teacher, L.orchestra_probe)),
     "orchestra-baselines": Stage(orchestra.baselines, orchestra.load_run, lambda L: (L.orchestra_tasks,)),
 }
 

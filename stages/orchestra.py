@@ -10,7 +10,10 @@ test and OOD are only rolled out on.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,11 +29,19 @@ from models.embeddings import default_encoder
 from routerops import schema
 from routerops.envs.replay import load_logged_outcomes, write_logged_outcomes
 from routerops.envs.suites import materialise_suites, read_tasks, write_tasks
-from routerops.errors import InputError
+from routerops.envs.qa import extract_answer
+from routerops.errors import InputError, RouteropsError
 from routerops.grid import logged_outcomes_from_trajectories
-from routerops.layout import Layout
+from routerops.layout import Layout, Trajectories
+from routerops.orchestra.curriculum import (
+    REASON_CODES, STRATEGY_SEPARATOR, collect_episodes, curriculum_expectations, filter_curriculum, sft_records,
+)
+from routerops.orchestra.executor import Executor, ExecutorConfig
+from routerops.orchestra.teacher import teacher_controllers
 from routerops.pricing import check_pool_priced, load_pool, load_price_book
-from routerops.workers import check_pool_runnable
+from routerops.validation import ephemeral_context, run_suite
+from routerops.workers import build_workers, check_pool_runnable
+from routerops.workers.server import local_llm_server
 from stages.manifest import write_manifest
 
 log = logging.getLogger(__name__)
@@ -44,7 +55,7 @@ class OrchestraTasks:
 
     families: list[str] = field(default_factory=lambda: ["basic_arithmetic", "chain_sum", "gcd", "lcm"])
     ood_families: list[str] = field(default_factory=lambda: ["decimal_chain_sum"])
-    train: int = 12  # tasks per family: the teacher's pool, split by the filter into D_SFT and D_RL
+    train: int = 6  # tasks per family: the teacher's pool, split by the filter into D_SFT and D_RL
     val: int = 2  # the promotion gate's tasks
     test: int = 4
     ood: int = 6
@@ -69,6 +80,19 @@ class OrchestraBaselines:
 
 
 @dataclass(frozen=True)
+class OrchestraTeacher:
+    """The search teacher (routerops/orchestra/teacher.py) on the embedded pool; at paper scale an LLM
+    teacher endpoint instead (configs/paper/orchestra.yaml)."""
+
+    splits: list[str] = field(default_factory=lambda: ["train"])  # the filter splits these into D_SFT / D_RL
+    # The worker running the controller's own model: its direct answer is the lazy candidate's answer.
+    lazy_worker: str = "smol-direct"
+    seed: int = 0
+    server_ctx: int = 2048
+    server_threads: int = 2
+
+
+@dataclass(frozen=True)
 class OrchestraRun:
     """params.yaml → orchestra."""
 
@@ -78,6 +102,7 @@ class OrchestraRun:
     budget_usd: float = 0.01  # per episode, checked before every worker call
     turn_limit: int = 8  # Tmax, controller turns per episode (004 App. B: Tmax = 8)
     baselines: OrchestraBaselines = field(default_factory=OrchestraBaselines)
+    teacher: OrchestraTeacher = field(default_factory=OrchestraTeacher)
 
 
 def load_run(path: str | Path = "params.yaml") -> OrchestraRun:
@@ -150,3 +175,108 @@ def baselines(run: OrchestraRun, layout: Layout, tasks: Path) -> Path:
     write_manifest(layout.orchestra_manifests, "orchestra-baselines", run, [tasks, pool_file, book_file],
                    [*out.paths(), grid, *reports], {**metrics, "episodes": len(episodes)}, artifacts=reports[1:2])
     return layout.orchestra_baselines_table
+
+
+# ---------------------------------------------------------------- stage: teacher
+
+
+def teacher(run: OrchestraRun, layout: Layout, tasks: Path) -> Trajectories:
+    """Teacher trajectories on the train tasks, every candidate run through the real executor and
+    workers (004 App. A.4: observations are runtime outputs); resumable from its journal."""
+    cfg = run.teacher
+    pool_file, book_file = layout.resolve(run.pool), layout.resolve(run.price_book)
+    pool, book = load_pool(pool_file), load_price_book(book_file)
+    chosen = [t for t in read_tasks(tasks) if t.split in cfg.splits]
+    if not chosen:
+        raise InputError(tasks, "split", f"no task in the teacher's splits {cfg.splits}")
+    check_pool_priced(pool, book, book_file)
+    check_pool_runnable(pool)
+    if cfg.lazy_worker not in {w.name for w in pool.workers}:
+        raise InputError(layout.resolve("params.yaml"), "orchestra.teacher.lazy_worker",
+                         f"{cfg.lazy_worker!r} is not a worker of {pool_file}")
+    out = layout.orchestra_teacher
+    run_id = baseline_run_id([tasks, pool_file, book_file], {"budget_usd": run.budget_usd,
+                                                             "turn_limit": run.turn_limit, "teacher": cfg.seed})
+    with _workers(pool, cfg.server_ctx, cfg.server_threads) as workers:
+        episodes, _ = asyncio.run(_teach(run, pool, book, workers, chosen, out.folder, run_id))  # writes out
+    passed = episodes.groupby("task_id").success.any()
+    write_manifest(layout.orchestra_manifests, "orchestra-teacher", run, [tasks, pool_file, book_file], out.paths(),
+                   {"trajectories": len(episodes), "tasks": len(chosen), "tasks_with_a_passing_trajectory": int(passed.sum()),
+                    "usd": float(episodes.cost_usd.sum())})
+    return out
+
+
+@contextlib.contextmanager
+def _workers(pool, server_ctx: int, server_threads: int):
+    """The pool's workers, with the local llama.cpp server up while they are used if the pool needs it."""
+    uses_local = any(w.endpoint == "local" for w in pool.workers if w.kind == "llm")
+    server = local_llm_server(n_ctx=server_ctx, n_threads=server_threads) if uses_local else None
+    with server or contextlib.nullcontext() as base_url:
+        yield build_workers(pool, base_url)
+
+
+async def _teach(run: OrchestraRun, pool, book, workers, chosen: list, out_dir: Path, run_id: str):
+    lazy = await lazy_answers(chosen, workers[run.teacher.lazy_worker])
+    executor = Executor(pool, workers, book, ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit))
+    batches = [(controller, batch, f"{run_id}{STRATEGY_SEPARATOR}{name}")
+               for name, (controller, batch) in teacher_controllers(chosen, pool, lazy).items()]
+    try:
+        return await collect_episodes(executor, batches, out_dir, seed=run.teacher.seed)
+    finally:
+        await close_workers(workers)
+
+
+async def lazy_answers(chosen: list, worker) -> dict[str, str]:
+    """The controller model's own direct answer per task (the lazy candidate: no worker call)."""
+    replies = await asyncio.gather(*(worker.call(task.prompt) for task in chosen))
+    return {t.task_id: answer for t, r in zip(chosen, replies) if not r.error and (answer := extract_answer(r.text))}
+
+
+async def close_workers(workers) -> None:
+    for worker in workers.values():
+        if hasattr(worker, "aclose"):
+            await worker.aclose()
+
+
+# ---------------------------------------------------------------- stage: verifier filter
+
+
+def verifier_filter(run: OrchestraRun, layout: Layout, tasks: Path, teacher_out: Trajectories,
+                    probe: Trajectories | None = None) -> dict[str, Path]:
+    """D_SFT, D_RL and the reason for every trajectory (004 eq. 3, App. A.4), gated by a
+    great-expectations suite on what it writes: a failed check writes nothing and raises."""
+    task_list = read_tasks(tasks)
+    episodes, turns = schema.read_table(teacher_out.episodes, "episodes"), schema.read_table(teacher_out.turns, "turns")
+    probe_episodes = schema.read_table(probe.episodes, "episodes") if probe and probe.episodes.is_file() else None
+    curriculum = filter_curriculum(task_list, episodes, turns, probe_episodes)
+    check_curriculum(curriculum)
+    paths = {"sft": layout.orchestra_sft, "rl": layout.orchestra_rl_tasks, "decisions": layout.orchestra_decisions}
+    write_jsonl_atomic(sft_records(curriculum.sft), paths["sft"])
+    write_tasks(curriculum.rl_tasks, paths["rl"])
+    schema.write_csv_atomic(curriculum.decisions, paths["decisions"])
+    counts = curriculum.decisions.reason.value_counts().to_dict()
+    write_manifest(layout.orchestra_manifests, "orchestra-filter", run, [tasks, *teacher_out.paths()], paths.values(),
+                   {"sft_trajectories": len(curriculum.sft), "rl_tasks": len(curriculum.rl_tasks),
+                    "sft_tasks": int(curriculum.sft.task_id.nunique()),
+                    **{f"modes/{k}": int(v) for k, v in curriculum.sft["mode"].value_counts().items()},
+                    **{f"reasons/{REASON_CODES[k]}": int(v) for k, v in counts.items()}})
+    return paths
+
+
+def check_curriculum(curriculum) -> None:
+    """The great-expectations gate on the filter's outputs (routerops/orchestra/curriculum.py)."""
+    import great_expectations.expectations as gxe
+
+    context = ephemeral_context()
+    suites = curriculum_expectations(gxe)
+    results = [*run_suite(context, "decisions", curriculum.decisions, suites["decisions"])]
+    if len(curriculum.sft):
+        results += run_suite(context, "sft", curriculum.sft, suites["sft"])
+    failed = [r for r in results if not r.success]
+    if failed:
+        raise RouteropsError("curriculum data gate failed: " + "; ".join(f"{r.table}.{r.check}" for r in failed))
+
+
+def write_jsonl_atomic(records: list[dict], path: Path) -> Path:
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    return schema.write_text_atomic(text, path)

@@ -32,3 +32,7 @@ mt_track_task = task(track.mtrouter_track, name="mtrouter-track")
 
 # Rolls single workers and the random router out through live workers; a rerun resumes from the journal.
 orchestra_baselines_task = task(orchestra.baselines, name="orchestra-baselines", retries=1, retry_delay_seconds=5)
+orchestra_tasks_task = task(orchestra.tasks, name="orchestra-tasks")
+# The teacher calls live workers; a rerun resumes from its journal, so a retry never duplicates an episode.
+orchestra_teacher_task = task(orchestra.teacher, name="orchestra-teacher", retries=1, retry_delay_seconds=5)
+orchestra_filter_task = task(orchestra.verifier_filter, name="orchestra-verifier-filter")

@@ -140,10 +140,19 @@ class Executor:
     async def run_group(self, task: Task, controller: Controller, run_id: str,
                         seeds: Sequence[int]) -> list[EpisodeResult]:
         """One episode per seed, all of `task`; each controller turn of the group is one batched call."""
-        self.check_controller(controller)
         if len(set(seeds)) != len(seeds) or not seeds:
             raise InputError("run_group", "seeds", f"expected distinct seeds, got {list(seeds)}")
-        episodes = [self.start(task, controller, run_id, seed) for seed in seeds]
+        return await self.run_batch([(task, seed) for seed in seeds], controller, run_id)
+
+    async def run_batch(self, items: Sequence[tuple[Task, int]], controller: Controller,
+                        run_id: str) -> list[EpisodeResult]:
+        """One episode per (task, seed), in lockstep: each round of controller turns over every running
+        episode is one batched `respond` (a language-model controller generates them in one batch,
+        the only way a CPU evaluates dozens of tasks in minutes); their plans then run concurrently."""
+        self.check_controller(controller)
+        if len({(task.task_id, seed) for task, seed in items}) != len(items):
+            raise InputError("run_batch", "items", "a (task, seed) pair is listed twice")
+        episodes = [self.start(task, controller, run_id, seed) for task, seed in items]
         while True:
             ready = [e for e in episodes if e.ended_by is None and self.may_call_controller(e, controller)]
             if not ready:
@@ -152,7 +161,7 @@ class Executor:
             plans = [(e, taken) for e, reply in zip(ready, replies)
                      if (taken := self.take_turn(e, reply, latency, controller)) is not None]
             await asyncio.gather(*(self.execute_plan(e, plan, row) for e, (plan, row) in plans))
-        return [self.finish(e, task, controller, run_id) for e in episodes]
+        return [self.finish(e, task, controller, run_id) for e, (task, _) in zip(episodes, items)]
 
     def check_controller(self, controller: Controller) -> None:
         if controller.name not in self.book.prices:
@@ -333,6 +342,12 @@ class Executor:
             "conversation": json.dumps(e.messages, ensure_ascii=False),
         }
         return EpisodeResult(episode, [turn_row(e.episode_id, t) for t in e.turns], e.messages, e.replies, malformed)
+
+
+def run_batch_sync(executor: Executor, items: Sequence[tuple[Task, int]], controller: Controller,
+                   run_id: str) -> list[EpisodeResult]:
+    """`Executor.run_batch` for callers without an event loop."""
+    return asyncio.run(executor.run_batch(items, controller, run_id))
 
 
 def run_group_sync(executor: Executor, task: Task, controller: Controller, run_id: str,

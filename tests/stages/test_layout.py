@@ -32,7 +32,9 @@ def test_dvc_outputs_are_layout_paths():
     known = {str(p) for p in [layout.tasks, *layout.raw.paths(), *layout.priced.paths(), layout.grid, layout.validation,
                               layout.registry_report, layout.mlflow_runs, layout.replay_table,
                               layout.mtrouter_tasks, layout.mtrouter_train.folder, layout.mtrouter_eval.folder,
-                              layout.mtrouter_routers, layout.orchestra_tasks]}
+                              layout.mtrouter_routers, layout.orchestra_tasks,
+                              *layout.orchestra_teacher.paths(), layout.orchestra_sft, layout.orchestra_rl_tasks,
+                              layout.orchestra_decisions]}
     dirs = [str(p) for p in (layout.eval_dir, layout.routers_dir, layout.replay_dir, layout.mtrouter_reports,
                                         layout.orchestra_data, layout.orchestra_reports)]
     for path in DVC_FILES:
