@@ -110,6 +110,8 @@ class Params:
     track: TrackConfig = field(default_factory=TrackConfig)
     # The MTRouter pipeline's section; typed and checked by stages.mtrouter.load_run.
     mtrouter: dict = field(default_factory=dict)
+    # The LM controller's section (paper 004); typed and checked by models.orchestrator.config.
+    orchestra: dict = field(default_factory=dict)
 
 
 def _build(cls: type, raw: Any, path: Path, where: str) -> Any:
