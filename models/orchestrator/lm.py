@@ -247,11 +247,12 @@ class LMController:
         return cls(model, tokenizer, settings, name=name)
 
     def generation_config(self) -> GenerationConfig:
-        # Built from scratch, not from the checkpoint's generation_config.json, so no default top-k,
-        # repetition penalty or length limit changes the policy behind the reported log-probs.
+        # Every sampling knob set here: transformers fills unset ones from the checkpoint's
+        # generation_config.json, then from its own defaults (top_k=50, which would truncate the policy
+        # behind the reported log-probs; top_k=0 turns it off).
         sample = self.settings.temperature > 0
-        extra = {"temperature": self.settings.temperature, "top_p": self.settings.top_p} if sample else {}
-        return GenerationConfig(do_sample=sample, top_k=None, max_new_tokens=self.settings.max_new_tokens,
+        extra = {"temperature": self.settings.temperature, "top_p": self.settings.top_p, "top_k": 0} if sample else {}
+        return GenerationConfig(do_sample=sample, max_new_tokens=self.settings.max_new_tokens,
                                 eos_token_id=self.eos, pad_token_id=self.tokenizer.pad_token_id,
                                 return_dict_in_generate=True, output_scores=True, **extra)
 
