@@ -94,7 +94,7 @@ class SFTSettings:
     attn_implementation: str = "sdpa"  # "flash_attention_2" on a GPU with flash-attn installed
     lora_r: int = 8  # LoRA rank (the paper fine-tunes all weights; we train an adapter, see README)
     lora_alpha: int = 16
-    lora_dropout: float = 0.05
+    lora_dropout: float = 0.0  # > 0 copies every adapted input: ~+25% activation memory (measured, CPU)
     lora_target_modules: tuple[str, ...] = LLAMA_LINEAR_MODULES
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
