@@ -94,6 +94,7 @@ def test_training_lowers_the_loss_on_its_conversations_and_the_adapter_round_tri
     assert len(controller.respond([conversations[0][:2]])[0].token_ids) >= 1
 
 
+@pytest.mark.slow  # needs the trained run's checkpoints
 def test_a_different_run_is_not_resumed_into_the_same_folder(runs, conversations_file, tmp_path):
     _, _, out_dir = runs
     other = dataclasses.replace(CONFIG, sft=dataclasses.replace(CONFIG.sft, learning_rate=1e-4))
