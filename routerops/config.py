@@ -110,7 +110,8 @@ class Params:
     track: TrackConfig = field(default_factory=TrackConfig)
     # The MTRouter pipeline's section; typed and checked by stages.mtrouter.load_run.
     mtrouter: dict = field(default_factory=dict)
-    # The orchestrator pipeline's section; typed and checked by stages.orchestra.load_run.
+    # The orchestrator pipeline's section; typed and checked by stages.orchestra.load_run
+    # (its LM sections by models.orchestrator.config).
     orchestra: dict = field(default_factory=dict)
 
 

@@ -68,6 +68,11 @@ class Layout:
         """Resumable collection state (not a DVC output)."""
         return self.root / ".routerops/journals"
 
+    @property
+    def model_cache(self) -> Path:
+        """Base LMs converted once into plain transformers folders (the SmolLM2 GGUF, dequantised)."""
+        return self.root / ".routerops/models"
+
     # ---- main pipeline: reports
     @property
     def reports(self) -> Path:

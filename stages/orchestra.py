@@ -26,6 +26,7 @@ from evaluation.baselines import (
     check_splits, collect_baseline_episodes, write_baseline_report,
 )
 from models.embeddings import default_encoder
+from models.orchestrator.config import OrchestraConfig, orchestra_config
 from routerops import schema
 from routerops.envs.replay import load_logged_outcomes, write_logged_outcomes
 from routerops.envs.suites import materialise_suites, read_tasks, write_tasks
@@ -103,11 +104,22 @@ class OrchestraRun:
     turn_limit: int = 8  # Tmax, controller turns per episode (004 App. B: Tmax = 8)
     baselines: OrchestraBaselines = field(default_factory=OrchestraBaselines)
     teacher: OrchestraTeacher = field(default_factory=OrchestraTeacher)
+    # The language-model controller's sections, typed by models/orchestrator/config.py (lm_config).
+    model: dict = field(default_factory=dict)
+    controller: dict = field(default_factory=dict)
+    sft: dict = field(default_factory=dict)
 
 
 def load_run(path: str | Path = "params.yaml") -> OrchestraRun:
     raw = (yaml.safe_load(Path(path).read_text()) or {}).get("orchestra", {}) or {}
-    return _build(OrchestraRun, raw, path, "orchestra")
+    run = _build(OrchestraRun, raw, path, "orchestra")
+    lm_config(run, path)  # the LM sections are checked at load too, before any stage runs
+    return run
+
+
+def lm_config(run: OrchestraRun, source: str | Path = "params.yaml") -> OrchestraConfig:
+    """The controller model, decoding and SFT settings of the run."""
+    return orchestra_config({"model": run.model, "controller": run.controller, "sft": run.sft}, source=str(source))
 
 
 def _build(cls, raw, path, where: str):
