@@ -18,7 +18,6 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
 import yaml
 
 from evaluation.baselines import (
@@ -29,7 +28,7 @@ from models.embeddings import default_encoder
 from models.orchestrator.config import OrchestraConfig, orchestra_config
 from routerops import schema
 from routerops.envs.replay import load_logged_outcomes, write_logged_outcomes
-from routerops.envs.suites import materialise_suites, read_tasks, write_tasks
+from routerops.envs.suites import read_tasks, write_tasks
 from routerops.envs.qa import extract_answer
 from routerops.errors import InputError, RouteropsError
 from routerops.grid import logged_outcomes_from_trajectories
@@ -44,6 +43,7 @@ from routerops.validation import ephemeral_context, run_suite
 from routerops.workers import build_workers, check_pool_runnable
 from routerops.workers.server import local_llm_server
 from stages.manifest import write_manifest
+from stages.pipeline import write_suites
 
 log = logging.getLogger(__name__)
 
@@ -141,15 +141,7 @@ def _build(cls, raw, path, where: str):
 
 def tasks(run: OrchestraRun, layout: Layout) -> Path:
     """D_0: the procedural QA tasks the teacher, the filter and the evaluation share."""
-    cfg = run.tasks
-    pool = materialise_suites(families=list(cfg.families), ood_families=list(cfg.ood_families),
-                              sizes={"train": cfg.train, "val": cfg.val, "test": cfg.test, "ood": cfg.ood},
-                              seed=cfg.seed)
-    write_tasks(pool, layout.orchestra_tasks)
-    counts = pd.Series([t.split for t in pool]).value_counts().to_dict()
-    write_manifest(layout.orchestra_manifests, "orchestra-tasks", run, [], [layout.orchestra_tasks],
-                   {f"tasks_{k}": int(v) for k, v in counts.items()})
-    return layout.orchestra_tasks
+    return write_suites(run.tasks, layout.orchestra_tasks, layout.orchestra_manifests, "orchestra-tasks")
 
 
 # ---------------------------------------------------------------- stage: baselines

@@ -34,18 +34,19 @@ from stages.manifest import write_manifest
 
 def materialise(params: Params, layout: Layout) -> Path:
     """Generate the procedural QA suites (fixed seeds; one family held out as OOD)."""
-    cfg = params.materialise
-    tasks = materialise_suites(
-        families=list(cfg.families),
-        ood_families=list(cfg.ood_families),
-        sizes={"train": cfg.train, "val": cfg.val, "test": cfg.test, "ood": cfg.ood},
-        seed=cfg.seed,
-    )
-    write_tasks(tasks, layout.tasks)
+    return write_suites(params.materialise, layout.tasks, layout.manifests, "materialise")
+
+
+def write_suites(cfg, path: Path, manifests: Path, stage: str) -> Path:
+    """The tasks of `cfg` (families, ood_families, per-split sizes, seed) written to `path`, with the
+    stage's manifest (task counts per split)."""
+    tasks = materialise_suites(families=list(cfg.families), ood_families=list(cfg.ood_families),
+                               sizes={"train": cfg.train, "val": cfg.val, "test": cfg.test, "ood": cfg.ood},
+                               seed=cfg.seed)
+    write_tasks(tasks, path)
     counts = pd.Series([t.split for t in tasks]).value_counts().to_dict()
-    write_manifest(layout.manifests, "materialise", cfg, [], [layout.tasks],
-                   {f"tasks_{k}": int(v) for k, v in counts.items()})
-    return layout.tasks
+    write_manifest(manifests, stage, cfg, [], [path], {f"tasks_{k}": int(v) for k, v in counts.items()})
+    return path
 
 
 def collection_run_id(params: Params, layout: Layout, tasks: Path) -> str:

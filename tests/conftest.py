@@ -27,3 +27,24 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is absent (only CI and developers have it)")
     return SHARED_DATA
+
+
+@pytest.fixture
+def record_fits():
+    """record_fits(factory, seen) -> a router factory whose routers write the query ids they are
+    fitted on into `seen`: the registry's own routers, for tests that no evaluation query reaches
+    training data."""
+    def recording(factory, seen: set):
+        def build(seed):
+            router = factory(seed)
+            fit = router.fit
+
+            def recorded_fit(data):
+                seen.update(data.query_ids)
+                return fit(data)
+
+            router.fit = recorded_fit
+            return router
+        return build
+    return recording
+

@@ -61,21 +61,6 @@ def toy_world(book: PriceBook) -> tuple[list[Task], pd.DataFrame]:
     return tasks, pd.DataFrame(rows)
 
 
-def recording(factory, seen: set):
-    """The registry's own router, with the query ids it is fitted on written down."""
-    def build(seed):
-        router = factory(seed)
-        fit = router.fit
-
-        def recorded_fit(data):
-            seen.update(data.query_ids)
-            return fit(data)
-
-        router.fit = recorded_fit
-        return router
-    return build
-
-
 def tiny_mtrouter(seed: int) -> MTRouterRouter:
     """MTRouter with the hashing encoder and small widths, so it trains in a second."""
     cfg = MTRouterConfig(encoder_kind="hashing", hashing_dim=64, hidden_dims=(32,), attr_embed_dim=8, residual_dim=4,
@@ -84,10 +69,11 @@ def tiny_mtrouter(seed: int) -> MTRouterRouter:
     return MTRouterRouter(cfg, seed=seed)
 
 
-def test_learned_routers_fit_on_train_alone_and_test_and_ood_are_reported_apart(pool, book, monkeypatch):
+def test_learned_routers_fit_on_train_alone_and_test_and_ood_are_reported_apart(pool, book, monkeypatch,
+                                                                               record_fits):
     seen = {"knn": set(), "mtrouter": set()}
-    monkeypatch.setitem(registry.ROUTER_FACTORIES, "knn", recording(registry.ROUTER_FACTORIES["knn"], seen["knn"]))
-    monkeypatch.setitem(registry.ROUTER_FACTORIES, "mtrouter", recording(tiny_mtrouter, seen["mtrouter"]))
+    monkeypatch.setitem(registry.ROUTER_FACTORIES, "knn", record_fits(registry.ROUTER_FACTORIES["knn"], seen["knn"]))
+    monkeypatch.setitem(registry.ROUTER_FACTORIES, "mtrouter", record_fits(tiny_mtrouter, seen["mtrouter"]))
     tasks, episodes = toy_world(book)
     grid = logged_outcomes_from_trajectories(episodes, tasks)
 

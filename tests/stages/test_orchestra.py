@@ -44,26 +44,12 @@ def test_unknown_keys_are_refused_with_their_path(tmp_path):
 REPO = Path(__file__).resolve().parents[2]
 
 
-def recording(factory, seen: set):
-    """The registry's own router, with the query ids it is fitted on written down."""
-    def build(seed):
-        router = factory(seed)
-        fit = router.fit
-
-        def recorded_fit(data):
-            seen.update(data.query_ids)
-            return fit(data)
-
-        router.fit = recorded_fit
-        return router
-    return build
-
-
 @pytest.mark.slow
-def test_baselines_stage_with_the_real_server_reports_test_and_ood_without_training_on_them(tmp_path, monkeypatch):
+def test_baselines_stage_with_the_real_server_reports_test_and_ood_without_training_on_them(tmp_path, monkeypatch,
+                                                                                           record_fits):
     seen = {"knn": set(), "mtrouter": set()}
     for name in seen:
-        monkeypatch.setitem(registry.ROUTER_FACTORIES, name, recording(registry.ROUTER_FACTORIES[name], seen[name]))
+        monkeypatch.setitem(registry.ROUTER_FACTORIES, name, record_fits(registry.ROUTER_FACTORIES[name], seen[name]))
     # The smallest run: two tasks per split, one router seed; the repository's pool and price book.
     run = OrchestraRun(pool=str(REPO / "configs/pool.yaml"), price_book=str(REPO / "configs/prices/current.yaml"),
                        tasks=OrchestraTasks(families=["basic_arithmetic", "gcd"], train=1, val=1, test=1, ood=2),
