@@ -19,7 +19,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: install sandbox-backend demo test test-fast mlflow-ui benchmarks replay mtrouter clean
+.PHONY: install sandbox-backend demo test test-fast mlflow-ui benchmarks replay mtrouter orchestra clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,11 @@ replay: install
 # MTRouter at small scale on ScienceWorld with the embedded pool (params.yaml: mtrouter).
 mtrouter: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.mtrouter
+
+# The orchestrator (paper 004) at small scale: teacher → verifier filter → SFT of SmolLM2-135M → evaluate
+# before/after SFT beside the baselines → register (params.yaml: orchestra). ~30 min on 2 cores.
+orchestra: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.orchestra
 
 benchmarks: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/collect_throughput.py

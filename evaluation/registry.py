@@ -71,9 +71,9 @@ class Judged:
 Judge = Callable[[Servable, str], Judged]
 
 
-def serving_requirements(with_encoder: bool) -> list[str]:
+def serving_requirements(with_encoder: bool, extra: tuple[str, ...] = ()) -> list[str]:
     """pip requirements pinned to what is installed (explicit: MLflow's inference would load the model)."""
-    names = SERVING_PACKAGES + (ENCODER_PACKAGES if with_encoder else ())
+    names = SERVING_PACKAGES + (ENCODER_PACKAGES if with_encoder else ()) + tuple(extra)
     pins = []
     for name in names:
         try:
@@ -81,6 +81,11 @@ def serving_requirements(with_encoder: bool) -> list[str]:
         except metadata.PackageNotFoundError:
             continue
     return pins
+
+
+def extra_packages(servable: Servable) -> tuple[str, ...]:
+    """Packages a servable needs beyond the routers' (the LM controller: transformers, peft ...)."""
+    return tuple(getattr(servable, "extra_packages", lambda: ())())
 
 
 def _code_paths() -> list[str]:
@@ -104,7 +109,7 @@ def register(servable: Servable, *, data_hashes: dict[str, str] | None = None,
             name=MODEL_ARTIFACT, loader_module="evaluation.servable",
             data_path=str(servable.save(Path(tmp) / SAVED_DIR)), code_paths=_code_paths() if include_code else None,
             signature=servable.signature(), input_example=servable.input_example(),
-            pip_requirements=serving_requirements(servable.needs_encoder()), registered_model_name=name,
+            pip_requirements=serving_requirements(servable.needs_encoder(), extra_packages(servable)), registered_model_name=name,
         )
     version = str(info.registered_model_version)
     client = mlflow.MlflowClient()

@@ -221,3 +221,33 @@ class Layout:
         """Every teacher trajectory: kept or dropped, and why."""
         return self.orchestra_data / "curriculum/decisions.csv"
 
+
+    # ---- orchestrator pipeline: SFT → evaluate → register
+    @property
+    def orchestra_sft_run(self) -> Path:
+        """The SFT run: its checkpoints (resume), `adapter/` and sft_result.json."""
+        return self.orchestra_data / "sft"
+
+    @property
+    def orchestra_adapter(self) -> Path:
+        """The SFT'd controller's LoRA adapter (PEFT folder, tokenizer included)."""
+        return self.orchestra_sft_run / "adapter"
+
+    @property
+    def orchestra_eval(self) -> Trajectories:
+        """The LM controller's episodes, before and after SFT, on the val, test and OOD tasks."""
+        return Trajectories.under(self.orchestra_data / "eval")
+
+    @property
+    def orchestra_results(self) -> Path:
+        """The results table (004 §6 Tab. 1 at our scale): the controller beside the baselines."""
+        return self.orchestra_reports / "results.csv"
+
+    @property
+    def orchestra_results_markdown(self) -> Path:
+        return self.orchestra_reports / "results.md"
+
+    @property
+    def orchestra_registry(self) -> Path:
+        """The register stage's record: registered version and the promotion decision."""
+        return self.orchestra_reports / "registry.json"

@@ -50,6 +50,12 @@ STAGES: dict[str, Stage] = {
     "orchestra-filter": Stage(orchestra.verifier_filter, orchestra.load_run,
                               lambda L: (L.orchestra_tasks, L.orchestra_teacher, L.orchestra_probe)),
     "orchestra-baselines": Stage(orchestra.baselines, orchestra.load_run, lambda L: (L.orchestra_tasks,)),
+    "orchestra-probe": Stage(orchestra.probe, orchestra.load_run, lambda L: (L.orchestra_tasks,)),
+    "orchestra-sft": Stage(orchestra.sft, orchestra.load_run, lambda L: (L.orchestra_sft,)),
+    "orchestra-evaluate": Stage(orchestra.evaluate, orchestra.load_run,
+                                lambda L: (L.orchestra_tasks, L.orchestra_adapter, L.orchestra_baselines_table)),
+    "orchestra-register": Stage(orchestra.register, orchestra.load_run,
+                                lambda L: (L.orchestra_tasks, L.orchestra_adapter, L.orchestra_results)),
 }
 
 

@@ -1,5 +1,5 @@
-"""The orchestrator's stages (paper 004, Uno-Orchestra §4): tasks → teacher → verifier filter → SFT →
-evaluate → register.
+"""The orchestrator's stages (paper 004, Uno-Orchestra §4): tasks → baselines, teacher, probe → verifier
+filter → SFT → evaluate → register.
 
 Each is `stage(run, layout, *inputs) -> outputs` like every other stage (stages/pipeline.py): the
 Prefect tasks of flows/orchestra.py and `routerops stage orchestra-…` (dvc.yaml) call them. Defaults
@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 from evaluation.baselines import (
@@ -25,8 +26,16 @@ from evaluation.baselines import (
     check_splits, collect_baseline_episodes, write_baseline_report,
 )
 from models.embeddings import default_encoder
+from evaluation.orchestra_results import controller_rows, results_table, write_results_report
+from evaluation.orchestra_serving import Episodes, ServedOrchestrator
+from evaluation.registry import Judged, register_and_promote
+from evaluation.sft_tracking import train_sft_tracked
+from evaluation.tracking import use_tracking
 from models.orchestrator.config import OrchestraConfig, orchestra_config
+from models.orchestrator.lm import LMController
+from models.orchestrator.sft import RESULT_FILE, holds_other_run
 from routerops import schema
+from routerops.config import TrackConfig, load_params
 from routerops.envs.replay import load_logged_outcomes, write_logged_outcomes
 from routerops.envs.suites import read_tasks, write_tasks
 from routerops.envs.qa import extract_answer
@@ -38,6 +47,7 @@ from routerops.orchestra.curriculum import (
 )
 from routerops.orchestra.executor import Executor, ExecutorConfig
 from routerops.orchestra.teacher import teacher_controllers
+from routerops.promotion import GateConfig, Outcomes
 from routerops.pricing import check_pool_priced, load_pool, load_price_book
 from routerops.validation import ephemeral_context, run_suite
 from routerops.workers import build_workers, check_pool_runnable
@@ -94,6 +104,31 @@ class OrchestraTeacher:
 
 
 @dataclass(frozen=True)
+class OrchestraEvaluation:
+    """The language-model controller's rollouts: π(0) on the teacher's tasks (the probe) and the
+    controller before and after SFT on val (the gate), test and OOD (the report)."""
+
+    # True: a malformed turn ends the episode (counted, the episode fails). False: the executor answers
+    # with an <error> block and the controller retries within Tmax — up to 8 full-length generations of
+    # an untrained model per episode, which a 2-core CPU cannot afford for dozens of tasks.
+    end_on_malformed: bool = True
+    seed: int = 0
+    server_ctx: int = 2048
+    server_threads: int = 2
+
+
+@dataclass(frozen=True)
+class OrchestraGate:
+    """The promotion gate of the register stage (routerops/promotion.py): the new controller takes the
+    `champion` alias only if its mean val episode score beats the champion's, rolled out on the same
+    val tasks, by more than `min_improvement` at the lower end of a paired bootstrap interval."""
+
+    confidence: float = 0.95
+    n_boot: int = 2000
+    min_improvement: float = 0.0
+
+
+@dataclass(frozen=True)
 class OrchestraRun:
     """params.yaml → orchestra."""
 
@@ -104,17 +139,22 @@ class OrchestraRun:
     turn_limit: int = 8  # Tmax, controller turns per episode (004 App. B: Tmax = 8)
     baselines: OrchestraBaselines = field(default_factory=OrchestraBaselines)
     teacher: OrchestraTeacher = field(default_factory=OrchestraTeacher)
+    evaluation: OrchestraEvaluation = field(default_factory=OrchestraEvaluation)
+    gate: OrchestraGate = field(default_factory=OrchestraGate)
     # The language-model controller's sections, typed by models/orchestrator/config.py (lm_config).
     model: dict = field(default_factory=dict)
     controller: dict = field(default_factory=dict)
     sft: dict = field(default_factory=dict)
+    track: TrackConfig = field(default_factory=TrackConfig)  # params.yaml's `track` section, not `orchestra`
 
 
 def load_run(path: str | Path = "params.yaml") -> OrchestraRun:
     raw = (yaml.safe_load(Path(path).read_text()) or {}).get("orchestra", {}) or {}
+    if isinstance(raw, dict) and "track" in raw:
+        raise InputError(path, "orchestra.track", "unknown key (tracking is the top-level `track` section)")
     run = _build(OrchestraRun, raw, path, "orchestra")
     lm_config(run, path)  # the LM sections are checked at load too, before any stage runs
-    return run
+    return dataclasses.replace(run, track=load_params(path, sections=("track",)).track)
 
 
 def lm_config(run: OrchestraRun, source: str | Path = "params.yaml") -> OrchestraConfig:
@@ -284,3 +324,196 @@ def check_curriculum(curriculum) -> None:
 def write_jsonl_atomic(records: list[dict], path: Path) -> Path:
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     return schema.write_text_atomic(text, path)
+
+
+# ---------------------------------------------------------------- the LM controller's rollouts
+
+
+def load_controller(run: OrchestraRun, layout: Layout, adapter: Path | None = None) -> LMController:
+    """The LM controller, priced as `orchestrator` (configs/prices): π(0) without an adapter, the SFT'd
+    controller with one; `version` (base / sft) tells their episodes apart."""
+    config = lm_config(run, layout.resolve("params.yaml"))
+    return LMController.load(config.model, config.controller, adapter, layout.model_cache, name="orchestrator",
+                             version="base" if adapter is None else "sft")
+
+
+def rollout_run_id(run: OrchestraRun, layout: Layout, stage: str, inputs: list[Path]) -> str:
+    """A run id that changes with what the episodes depend on (tasks, pool, prices, weights, limits), so
+    a rerun after any of them changed never reuses an old journal line."""
+    lm = lm_config(run, layout.resolve("params.yaml"))
+    settings = {"budget_usd": run.budget_usd, "turn_limit": run.turn_limit, "evaluation": dataclasses.asdict(run.evaluation),
+                "model": dataclasses.asdict(lm.model), "controller": dataclasses.asdict(lm.controller)}
+    return f"{stage}-{baseline_run_id(inputs, settings)}"
+
+
+def controller_rollouts(run: OrchestraRun, layout: Layout, batches: list, out_dir: Path):
+    """Episodes of each (controller, tasks, run id) batch through the real executor and workers, one
+    lockstep batch per controller (one generate call per round), resumable from out_dir's journal."""
+    pool_file, book_file = layout.resolve(run.pool), layout.resolve(run.price_book)
+    pool, book = load_pool(pool_file), load_price_book(book_file)
+    check_pool_priced(pool, book, book_file)
+    check_pool_runnable(pool)
+    cfg = run.evaluation
+    max_tokens = lm_config(run, layout.resolve("params.yaml")).controller.max_new_tokens
+    config = ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit, controller_max_tokens=max_tokens,
+                            end_on_malformed=cfg.end_on_malformed)
+    with _workers(pool, cfg.server_ctx, cfg.server_threads) as workers:
+        async def collect():
+            try:
+                return await collect_episodes(Executor(pool, workers, book, config), batches, out_dir, seed=cfg.seed)
+            finally:
+                await close_workers(workers)
+
+        return asyncio.run(collect())
+
+
+def tasks_of(task_list: list, splits: list[str], source: Path) -> list:
+    chosen = [t for t in task_list if t.split in splits]
+    if not chosen:
+        raise InputError(source, "split", f"no task in the splits {splits}")
+    return chosen
+
+
+def run_inputs(run: OrchestraRun, layout: Layout, *paths: Path) -> list[Path]:
+    return [*paths, layout.resolve(run.pool), layout.resolve(run.price_book)]
+
+
+# ---------------------------------------------------------------- stage: probe
+
+
+def probe(run: OrchestraRun, layout: Layout, tasks: Path) -> Trajectories:
+    """The cold-start controller π(0) (the base model, no adapter) on the teacher's tasks: the filter
+    drops the tasks it already solves (004 eq. 3: no learning signal)."""
+    chosen = tasks_of(read_tasks(tasks), run.teacher.splits, tasks)
+    controller = load_controller(run, layout)
+    run_id = rollout_run_id(run, layout, "probe", run_inputs(run, layout, tasks))
+    out = layout.orchestra_probe
+    episodes, turns = controller_rollouts(run, layout, [(controller, chosen, run_id)], out.folder)
+    rows = controller_rows(episodes, turns, sorted(set(episodes.split)))
+    write_manifest(layout.orchestra_manifests, "orchestra-probe", run, run_inputs(run, layout, tasks), out.paths(),
+                   {"episodes": len(episodes), "solved": int(episodes.success.sum()),
+                    **{f"valid_turn_rate/{r.split}": float(r.valid_turn_rate) for r in rows.itertuples()}})
+    return out
+
+
+# ---------------------------------------------------------------- stage: SFT
+
+
+def sft(run: OrchestraRun, layout: Layout, sft_data: Path) -> Path:
+    """LoRA SFT of the controller on D_SFT (models/orchestrator/sft.py: TRL's SFTTrainer, loss on the
+    controller's tokens only, 004 App. E), tracked in MLflow (curve, settings, adapter). A rerun
+    resumes from the last checkpoint of the same run; other data or settings start over."""
+    config = lm_config(run, layout.resolve("params.yaml"))
+    out_dir = layout.orchestra_sft_run
+    resume = not holds_other_run(config, sft_data, out_dir)
+    if not resume:
+        log.info("%s holds another SFT run's checkpoints (other data or settings): starting over", out_dir)
+    result, mlflow_run = train_sft_tracked(config, sft_data, out_dir, track=run.track, resume=resume,
+                                           model_cache=layout.model_cache)
+    losses = [p["loss"] for p in result.loss_curve if "loss" in p]
+    metrics = {"global_step": result.global_step, "train_seconds": result.train_seconds,
+               **{f"data/{k}": v for k, v in result.data.items()}}
+    if losses:
+        metrics.update(first_loss=losses[0], last_loss=losses[-1])
+    write_manifest(layout.orchestra_manifests, "orchestra-sft", {"sft": run.sft, "model": run.model,
+                                                                "mlflow_run": mlflow_run or ""},
+                   [sft_data], [*sorted(result.adapter_dir.glob("*")), out_dir / RESULT_FILE], metrics)
+    return result.adapter_dir
+
+
+# ---------------------------------------------------------------- stage: evaluate
+
+
+EVAL_SPLITS = ["val", "test", "ood"]  # val: the promotion gate's tasks; test and OOD: the report
+
+
+def evaluate(run: OrchestraRun, layout: Layout, tasks: Path, adapter: Path, baselines_table: Path) -> Path:
+    """The controller before (π(0)) and after SFT, rolled out on val, test and OOD through the real
+    executor; its rows (accuracy, USD per episode, valid-turn rate, modes) beside the baselines' in one
+    table (reports/orchestra/results.*)."""
+    task_list = tasks_of(read_tasks(tasks), EVAL_SPLITS, tasks)
+    adapter_files = sorted(Path(adapter).glob("*"))
+    batches = []
+    for weights in (None, Path(adapter)):
+        controller = load_controller(run, layout, weights)
+        inputs = run_inputs(run, layout, tasks, *(adapter_files if weights else []))
+        batches.append((controller, task_list, rollout_run_id(run, layout, f"eval-{controller.version}", inputs)))
+    out = layout.orchestra_eval
+    episodes, turns = controller_rollouts(run, layout, batches, out.folder)
+    reported = ["test", "ood"]
+    table = results_table(controller_rows(episodes, turns, EVAL_SPLITS), pd.read_csv(baselines_table), reported)
+    book = load_price_book(layout.resolve(run.price_book))
+    notes = [f"orchestrator-base is π(0), the untrained {lm_config(run).model.name}; orchestrator-sft adds the LoRA "
+             "adapter of the SFT stage (trained on D_SFT, train tasks only).",
+             "valid_turn_rate: controller turns the strict grammar parser accepted; "
+             + ("a malformed turn ends its episode." if run.evaluation.end_on_malformed
+                else "a malformed turn is answered with an <error> block and retried within Tmax."),
+             "mode_*: share of episodes in each behaviour mode (004 App. E, Tab. 14).",
+             "Baseline rows: reports/orchestra/baselines.md says how each was fitted and chosen."]
+    reports = write_results_report(table, layout.orchestra_results, layout.orchestra_results_markdown, book.version,
+                                   notes)
+    metrics = {f"{col}/{row.split}/{row.policy}": float(getattr(row, col))
+               for row in table[table.kind == "orchestrator"].itertuples()
+               for col in ("accuracy", "usd_per_episode", "valid_turn_rate")}
+    write_manifest(layout.orchestra_manifests, "orchestra-evaluate", run,
+                   [tasks, *adapter_files, baselines_table], [*out.paths(), *reports], metrics, artifacts=reports[1:])
+    return layout.orchestra_results
+
+
+# ---------------------------------------------------------------- stage: register
+
+
+def gate_config(run: OrchestraRun) -> GateConfig:
+    """The paired gate on per-episode scores (the rollouts already enforced the per-episode budget)."""
+    return GateConfig(objective="accuracy_at_budget", budget_usd=None, n_boot=run.gate.n_boot,
+                      confidence=run.gate.confidence, min_improvement=run.gate.min_improvement,
+                      seed=run.evaluation.seed)
+
+
+def judged_on_val(episodes: pd.DataFrame) -> Judged:
+    """Per val task: the episode's score and USD, as the registry's Judged (one operating point)."""
+    val = episodes[episodes.split == "val"].set_index("task_id").sort_index()
+    return Judged(list(val.index), Outcomes(val.score.to_numpy()[None], val.cost_usd.to_numpy()[None]))
+
+
+def champion_on_val(run: OrchestraRun, layout: Layout, task_list: list, champion: ServedOrchestrator,
+                    label: str) -> Judged:
+    """Roll the registered champion out on the val tasks, as the candidate was."""
+    val = [t for t in task_list if t.split == "val"]
+    controller = champion.controller
+    controller.version = label
+    run_id = rollout_run_id(run, layout, f"gate-{label}", run_inputs(run, layout, *sorted(champion.adapter.glob("*"))))
+    episodes, _ = controller_rollouts(run, layout, [(controller, val, run_id)], layout.orchestra_journals / "gate" / label)
+    return judged_on_val(episodes)
+
+
+def register(run: OrchestraRun, layout: Layout, tasks: Path, adapter: Path, evaluation: Path) -> Path:
+    """Register the SFT'd controller as `orchestrator`; it takes the `champion` alias only if it beats
+    the champion on the val tasks (paired bootstrap gate, routerops/promotion.py)."""
+    task_list = read_tasks(tasks)
+    episodes = schema.read_table(layout.orchestra_eval.episodes, "episodes")
+    mine = episodes[(episodes.policy == "orchestrator") & (episodes.policy_version == "sft")]
+    candidate = judged_on_val(mine)
+    config = lm_config(run, layout.resolve("params.yaml"))
+    served = ServedOrchestrator.from_files(config.model, config.controller, Path(adapter), layout.resolve(run.pool),
+                                           layout.resolve(run.price_book), Episodes(run.budget_usd, run.turn_limit),
+                                           layout.model_cache)
+    results = pd.read_csv(evaluation)
+    sft_rows = results[results.policy == "orchestrator-sft"]
+    metrics = {f"{s}_{col}": float(v) for s, row in sft_rows.set_index("split").iterrows()
+               for col, v in row[["accuracy", "usd_per_episode", "valid_turn_rate"]].items()}
+    metrics["val_score_mean"] = float(candidate.outcomes.correct.mean())
+    hashes = {"sft_sha256": schema.file_sha256(layout.orchestra_sft), "tasks_sha256": schema.file_sha256(tasks),
+              "adapter_sha256": schema.file_sha256(Path(adapter) / "adapter_model.safetensors")}
+    use_tracking(run.track)
+    registered, decision = register_and_promote(
+        served, candidate, lambda champion, label: champion_on_val(run, layout, task_list, champion, label),
+        gate_config(run), data_hashes=hashes, metrics=metrics)
+    summary = {"name": registered.name, "version": registered.version, "model_uri": registered.model_uri,
+               "run_id": registered.run_id, "decision": decision.to_dict()}
+    schema.write_json_atomic(summary, layout.orchestra_registry)
+    write_manifest(layout.orchestra_manifests, "orchestra-register", {"gate": dataclasses.asdict(gate_config(run))},
+                   [evaluation, tasks], [layout.orchestra_registry], {"promoted": float(decision.promote), **metrics})
+    log.info("%s v%s: %s — %s", registered.name, registered.version,
+             "promoted" if decision.promote else "refused", decision.reason)
+    return layout.orchestra_registry

@@ -36,3 +36,8 @@ orchestra_tasks_task = task(orchestra.tasks, name="orchestra-tasks")
 # The teacher calls live workers; a rerun resumes from its journal, so a retry never duplicates an episode.
 orchestra_teacher_task = task(orchestra.teacher, name="orchestra-teacher", retries=1, retry_delay_seconds=5)
 orchestra_filter_task = task(orchestra.verifier_filter, name="orchestra-verifier-filter")
+# The LM controller's rollouts call live workers and resume from their journal: a retry never duplicates.
+orchestra_probe_task = task(orchestra.probe, name="orchestra-probe", retries=1, retry_delay_seconds=5)
+orchestra_sft_task = task(orchestra.sft, name="orchestra-sft")  # resumes from its last checkpoint when rerun
+orchestra_evaluate_task = task(orchestra.evaluate, name="orchestra-evaluate", retries=1, retry_delay_seconds=5)
+orchestra_register_task = task(orchestra.register, name="orchestra-register")

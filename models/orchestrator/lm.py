@@ -228,11 +228,13 @@ class LMController:
     the temperature-scaled and top-p-renormalised one when sampling.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, settings: GenerationSettings, name: str = "lm"):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, settings: GenerationSettings, name: str = "lm",
+                 version: str = "1"):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.settings = settings
-        self.name = name
+        self.name = name  # the price book's entry for its turns; the episodes' `policy`
+        self.version = version  # the episodes' `policy_version` (e.g. base / sft)
         self.device = next(model.parameters()).device.type
         self.eos = eos_token_ids(model, tokenizer)
         self.calls = 0
@@ -240,11 +242,11 @@ class LMController:
 
     @classmethod
     def load(cls, spec: ModelSpec, settings: GenerationSettings, adapter: Path | None = None,
-             cache_root: Path | None = None) -> "LMController":
+             cache_root: Path | None = None, name: str | None = None, version: str = "1") -> "LMController":
         device = resolve_device(settings.device, "orchestra.controller")
         model, tokenizer = load_controller_model(spec, adapter, device, cache_root)
-        name = spec.name if adapter is None else f"{spec.name}+{Path(adapter).name}"
-        return cls(model, tokenizer, settings, name=name)
+        default = spec.name if adapter is None else f"{spec.name}+{Path(adapter).name}"
+        return cls(model, tokenizer, settings, name=name or default, version=version)
 
     def generation_config(self) -> GenerationConfig:
         # Every sampling knob set here: transformers fills unset ones from the checkpoint's

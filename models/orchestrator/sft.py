@@ -74,6 +74,18 @@ def prepare_out_dir(out_dir: Path, record: dict[str, Any], resume: bool) -> str 
     return None
 
 
+def holds_other_run(run: OrchestraConfig, conversations_jsonl: str | Path, out_dir: str | Path) -> bool:
+    """Whether out_dir holds checkpoints of a run with other settings or data (a pipeline stage starts
+    over there, resume=False; a direct call is refused rather than silently discarding them)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    out_dir, run_file = Path(out_dir), Path(out_dir) / RUN_FILE
+    if not out_dir.is_dir() or get_last_checkpoint(str(out_dir)) is None:
+        return False
+    previous = json.loads(run_file.read_text()) if run_file.is_file() else None
+    return previous != run_record(run, file_fingerprint(Path(conversations_jsonl)))
+
+
 def trainer_args(settings: SFTSettings, out_dir: Path, device: str) -> Any:
     from trl import SFTConfig
 

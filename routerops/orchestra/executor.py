@@ -171,26 +171,9 @@ class Executor:
 
     def start(self, task: Task, controller: Controller, run_id: str, seed: int) -> _Episode:
         eid = schema.episode_id(run_id, task.task_id, controller.name, seed)
-        labels = self.labels(episode_rng(seed, eid))
-        table = RouteTable({label: self.admitted(worker) for label, worker in labels.items()},
-                           frozenset(self.pool.primitives))
-        rows = [PoolRow(label, table.models[label], self.book.price(worker)) for label, worker in labels.items()]
-        system = render_system_prompt(rows, self.pool.primitives, self.config.budget_usd, self.config.turn_limit)
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": task.prompt}]
+        labels = worker_labels(self.pool, self.config.anonymize_models, episode_rng(seed, eid))
+        table, messages = opening(self.pool, self.book, self.config, task.prompt, labels)
         return _Episode(eid, seed, labels, table, BudgetLedger(self.config.budget_usd), messages)
-
-    def labels(self, rng: random.Random) -> dict[str, str]:
-        """Label -> worker, in the order the pool table lists them."""
-        names = list(dict.fromkeys(w for w, _ in self.pool.admissible_pairs()))
-        if not self.config.anonymize_models:
-            return {name: name for name in names}
-        llms = [n for n in names if self.pool.worker(n).kind == "llm"]
-        shuffled = rng.sample(llms, len(llms))
-        anonymous = {f"Worker{i + 1}": name for i, name in enumerate(shuffled)}
-        return {**anonymous, **{n: n for n in names if n not in llms}}  # tools keep their names
-
-    def admitted(self, worker: str) -> tuple[str, ...]:
-        return tuple(p for w, p in self.pool.admissible_pairs() if w == worker)
 
     # ------------------------------------------------ controller turns
 
@@ -342,6 +325,30 @@ class Executor:
             "conversation": json.dumps(e.messages, ensure_ascii=False),
         }
         return EpisodeResult(episode, [turn_row(e.episode_id, t) for t in e.turns], e.messages, e.replies, malformed)
+
+
+def worker_labels(pool: Pool, anonymize: bool, rng: random.Random) -> dict[str, str]:
+    """Label -> worker, in the order the pool table lists them."""
+    names = list(dict.fromkeys(w for w, _ in pool.admissible_pairs()))
+    if not anonymize:
+        return {name: name for name in names}
+    llms = [n for n in names if pool.worker(n).kind == "llm"]
+    shuffled = rng.sample(llms, len(llms))
+    anonymous = {f"Worker{i + 1}": name for i, name in enumerate(shuffled)}
+    return {**anonymous, **{n: n for n in names if n not in llms}}  # tools keep their names
+
+
+def opening(pool: Pool, book: PriceBook, config: ExecutorConfig, prompt: str,
+            labels: Mapping[str, str]) -> tuple[RouteTable, list[Message]]:
+    """What the controller may route to, and the conversation's first two messages: the system prompt
+    (grammar, rules, the admissible pairs with prices, budget, Tmax) and the task. Served controllers
+    (evaluation/orchestra_serving.py) open a conversation with it too."""
+    pairs = pool.admissible_pairs()
+    table = RouteTable({label: tuple(p for w, p in pairs if w == worker) for label, worker in labels.items()},
+                       frozenset(pool.primitives))
+    rows = [PoolRow(label, table.models[label], book.price(worker)) for label, worker in labels.items()]
+    system = render_system_prompt(rows, pool.primitives, config.budget_usd, config.turn_limit)
+    return table, [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
 
 
 def run_batch_sync(executor: Executor, items: Sequence[tuple[Task, int]], controller: Controller,

@@ -1,0 +1,49 @@
+"""The orchestrator flow (paper 004, Uno-Orchestra §4): tasks → baselines, teacher, probe π(0) →
+verifier filter → SFT → evaluate before and after SFT → register.
+
+`python -m flows.orchestra` (`make orchestra`) runs it at small scale on the embedded pool with
+SmolLM2-135M-Instruct as the controller (params.yaml, section `orchestra`); configs/paper/orchestra.yaml
+holds the paper-scale LM settings. The same stages are in pipelines/orchestra/dvc.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from prefect import flow
+
+from routerops.layout import Layout
+from stages.orchestra import load_run
+from tasks.stages import (
+    orchestra_baselines_task, orchestra_evaluate_task, orchestra_filter_task, orchestra_probe_task,
+    orchestra_register_task, orchestra_sft_task, orchestra_tasks_task, orchestra_teacher_task,
+)
+
+
+@flow(name="orchestra", log_prints=True)
+def orchestra_flow(params_file: str = "params.yaml", root: str = ".") -> Path:
+    layout = Layout(Path(root))
+    run = load_run(layout.resolve(params_file))  # every section checked before any stage runs
+    tasks = orchestra_tasks_task(run, layout)
+    baselines = orchestra_baselines_task(run, layout, tasks)
+    teacher = orchestra_teacher_task(run, layout, tasks)
+    probe = orchestra_probe_task(run, layout, tasks)
+    curriculum = orchestra_filter_task(run, layout, tasks, teacher, probe)
+    adapter = orchestra_sft_task(run, layout, curriculum["sft"])
+    results = orchestra_evaluate_task(run, layout, tasks, adapter, baselines)
+    registry = orchestra_register_task(run, layout, tasks, adapter, results)
+    print(layout.orchestra_results_markdown.read_text())
+    return registry
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--root", default=".")
+    args = parser.parse_args()
+    orchestra_flow(params_file=args.params, root=args.root)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""End to end: the orchestrator flow (tasks → baselines, teacher, probe → verifier filter → SFT → evaluate →
+register) under Prefect, with the real llama.cpp server and sandbox behind the embedded pool, TRL +
+PEFT training SmolLM2-135M's LoRA adapter, and MLflow tracking and registering it.
+
+Smallest scale: two families with one task per split (OOD: one), two SFT steps, short controller
+turns, one router seed. The flow writes under its root, a temporary directory with its own MLflow store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+ORCHESTRA = {
+    "pool": str(REPO / "configs/pool.yaml"), "price_book": str(REPO / "configs/prices/current.yaml"),
+    "tasks": {"families": ["basic_arithmetic", "gcd"], "ood_families": ["decimal_chain_sum"],
+              "train": 1, "val": 1, "test": 1, "ood": 1, "seed": 7},
+    "turn_limit": 3,
+    "baselines": {"routers": ["knn"], "router_seeds": [0], "concurrency": 4},
+    "gate": {"n_boot": 200},
+    "controller": {"max_new_tokens": 48, "batch_size": 8},
+    "sft": {"max_steps": 2, "save_steps": 1, "warmup_steps": 0, "max_seq_len": 768},
+}
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    root = tmp_path / "work"
+    root.mkdir()
+    db = root / "mlflow" / "test.db"
+    params = {"track": {"tracking_uri": f"sqlite:///{db}", "artifact_root": str(root / "mlflow/artifacts"),
+                        "experiment": "orchestra-flow-test"}, "orchestra": ORCHESTRA}
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], cwd=root, check=True)
+    subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "flow test"], cwd=root, check=True)
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    yield root
+    import mlflow
+
+    mlflow.set_tracking_uri(None)
+
+
+def test_orchestra_flow_end_to_end(workdir):
+    import mlflow
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.orchestra import orchestra_flow
+    from routerops.envs.suites import read_tasks
+    from routerops.orchestra.modes import MODES
+
+    with prefect_test_harness(server_startup_timeout=300):
+        registry = json.loads(orchestra_flow(params_file="params.yaml").read_text())
+
+    tasks = read_tasks(workdir / "data/orchestra/tasks.jsonl")
+    by_split = {s: {t.task_id for t in tasks if t.split == s} for s in ("train", "val", "test", "ood")}
+
+    # the curriculum and SFT saw train tasks only
+    sft_rows = [json.loads(line) for line in (workdir / "data/orchestra/curriculum/sft.jsonl").read_text().splitlines()]
+    assert {r["task_id"] for r in sft_rows} <= by_split["train"]
+    probe = pd.read_parquet(workdir / "data/orchestra/probe/episodes.parquet")
+    assert set(probe.task_id) == by_split["train"] and set(probe.policy_version) == {"base"}
+    result = json.loads((workdir / "data/orchestra/sft/sft_result.json").read_text())
+    assert result["global_step"] == 2 and (workdir / "data/orchestra/sft/adapter/adapter_model.safetensors").is_file()
+
+    # base and SFT'd controller rolled out on val, test and OOD, each turn within the turn limit
+    episodes = pd.read_parquet(workdir / "data/orchestra/eval/episodes.parquet")
+    assert set(episodes.policy_version) == {"base", "sft"}
+    for version, group in episodes.groupby("policy_version"):
+        assert sorted(group.task_id) == sorted(by_split["val"] | by_split["test"] | by_split["ood"]), version
+    turns = pd.read_parquet(workdir / "data/orchestra/eval/turns.parquet")
+    controller = turns[turns.actor == "controller"]
+    assert (controller.completion_tokens <= 48).all() and controller.groupby("episode_id").size().max() <= 3
+
+    # one table: the controller before and after SFT beside the baselines, on test and OOD only
+    table = pd.read_csv(workdir / "reports/orchestra/results.csv")
+    assert set(table.split) == {"test", "ood"}
+    for split in ("test", "ood"):
+        rows = table[table.split == split].set_index("policy")
+        assert {"orchestrator-base", "orchestrator-sft", "uniform_random", "mtrouter"} <= set(rows.index)
+        mine = rows.loc[["orchestrator-base", "orchestrator-sft"]]
+        assert mine.valid_turn_rate.between(0, 1).all() and mine.accuracy.between(0, 1).all()
+        assert mine[[f"mode_{m}" for m in MODES]].sum(axis=1).round(6).eq(1).all()
+        sft_eps = episodes[(episodes.split == split) & (episodes.policy_version == "sft")]
+        assert mine.loc["orchestrator-sft", "usd_per_episode"] == pytest.approx(sft_eps.cost_usd.mean())
+    assert (workdir / "reports/orchestra/results.md").read_text().startswith("# Orchestrator results")
+
+    # registered as `orchestrator`, promoted (no champion yet) on the val episodes
+    assert registry["name"] == "orchestrator" and registry["version"] == "1"
+    decision = registry["decision"]
+    assert decision["promote"] and sorted(decision["evidence"]["gate_ids"]) == sorted(by_split["val"])
+    client = mlflow.MlflowClient()
+    champion = client.get_model_version_by_alias("orchestrator", "champion")
+    assert champion.tags["workers"] and champion.tags["base_model"] == "smollm2-135m-instruct"
+    runs = mlflow.search_runs(experiment_names=["orchestra-flow-test"])
+    sft_run = runs[runs["tags.mlflow.runName"] == "orchestra-sft"]
+    assert len(sft_run) == 1
+    curve = client.get_metric_history(sft_run.run_id.iloc[0], "loss")
+    assert [m.step for m in curve] == [1, 2]
+
+    # the registered champion answers through MLflow's pyfunc as the flow's controller does
+    request = pd.DataFrame({"task": [next(t.prompt for t in tasks if t.split == "test")]})
+    served = mlflow.pyfunc.load_model("models:/orchestrator@champion").predict(request)
+    assert list(served.columns) == ["action", "worker", "routes", "answer", "turn", "error"]
+    assert served.action.iloc[0] in {"plan", "final_answer", "malformed"}
+    assert os.environ["MLFLOW_TRACKING_URI"].startswith("sqlite:///")
