@@ -45,6 +45,7 @@ from routerops.layout import Layout, Trajectories
 from routerops.orchestra.curriculum import (
     REASON_CODES, STRATEGY_SEPARATOR, collect_episodes, curriculum_expectations, filter_curriculum, sft_records,
 )
+from routerops.orchestra.endpoint import EndpointController
 from routerops.orchestra.executor import Executor, ExecutorConfig
 from routerops.orchestra.teacher import teacher_controllers
 from routerops.promotion import GateConfig, Outcomes
@@ -92,9 +93,14 @@ class OrchestraBaselines:
 
 @dataclass(frozen=True)
 class OrchestraTeacher:
-    """The search teacher (routerops/orchestra/teacher.py) on the embedded pool; at paper scale an LLM
-    teacher endpoint instead (configs/paper/orchestra.yaml)."""
+    """Who proposes the trajectories (004 App. A.4). `search`: the search teacher of
+    routerops/orchestra/teacher.py (the embedded pool has no strong model). `llm`: a strong LLM worker of
+    the pool writes the turns itself through its endpoint (routerops/orchestra/endpoint.py), `samples`
+    trajectories per task (sampled at the worker's own temperature); configs/paper/orchestra.yaml."""
 
+    kind: str = "search"  # search | llm
+    llm_worker: str = ""  # kind llm: the pool worker that teaches
+    samples: int = 1  # kind llm: trajectories per task
     splits: list[str] = field(default_factory=lambda: ["train"])  # the filter splits these into D_SFT / D_RL
     # The worker running the controller's own model: its direct answer is the lazy candidate's answer.
     lazy_worker: str = "smol-direct"
@@ -235,12 +241,11 @@ def teacher(run: OrchestraRun, layout: Layout, tasks: Path) -> Trajectories:
         raise InputError(tasks, "split", f"no task in the teacher's splits {cfg.splits}")
     check_pool_priced(pool, book, book_file)
     check_pool_runnable(pool)
-    if cfg.lazy_worker not in {w.name for w in pool.workers}:
-        raise InputError(layout.resolve("params.yaml"), "orchestra.teacher.lazy_worker",
-                         f"{cfg.lazy_worker!r} is not a worker of {pool_file}")
+    check_teacher(cfg, pool, pool_file, layout.resolve("params.yaml"))
     out = layout.orchestra_teacher
     run_id = baseline_run_id([tasks, pool_file, book_file], {"budget_usd": run.budget_usd,
-                                                             "turn_limit": run.turn_limit, "teacher": cfg.seed})
+                                                             "turn_limit": run.turn_limit, "teacher": cfg.seed,
+                                                             "kind": cfg.kind, "llm_worker": cfg.llm_worker})
     with _workers(pool, cfg.server_ctx, cfg.server_threads) as workers:
         episodes, _ = asyncio.run(_teach(run, pool, book, workers, chosen, out.folder, run_id))  # writes out
     passed = episodes.groupby("task_id").success.any()
@@ -259,12 +264,34 @@ def _workers(pool, server_ctx: int, server_threads: int):
         yield build_workers(pool, base_url)
 
 
+def check_teacher(cfg: OrchestraTeacher, pool, pool_file: Path, params: Path) -> None:
+    names = {w.name: w for w in pool.workers}
+    if cfg.kind not in ("search", "llm"):
+        raise InputError(params, "orchestra.teacher.kind", f"{cfg.kind!r} is not one of search, llm")
+    if cfg.kind == "search" and cfg.lazy_worker not in names:
+        raise InputError(params, "orchestra.teacher.lazy_worker", f"{cfg.lazy_worker!r} is not a worker of {pool_file}")
+    if cfg.kind == "llm" and (cfg.llm_worker not in names or names[cfg.llm_worker].kind != "llm"):
+        raise InputError(params, "orchestra.teacher.llm_worker", f"{cfg.llm_worker!r} is not an LLM worker of {pool_file}")
+    if cfg.kind == "llm" and not (isinstance(cfg.samples, int) and cfg.samples >= 1):
+        raise InputError(params, "orchestra.teacher.samples", f"expected a positive integer, got {cfg.samples!r}")
+
+
+async def teacher_batches(cfg: OrchestraTeacher, pool, workers, chosen: list, run_id: str) -> list:
+    """(controller, tasks, run id) per teacher strategy: the search teacher's candidates, or `samples`
+    rollouts of the LLM teacher. The strategy rides in the run id (curriculum.strategy_of)."""
+    if cfg.kind == "llm":
+        teacher = workers[cfg.llm_worker]
+        controller = EndpointController(teacher.spec, teacher.base_url, version="llm-teacher")
+        return [(controller, chosen, f"{run_id}{STRATEGY_SEPARATOR}llm:{cfg.llm_worker}:{i}") for i in range(cfg.samples)]
+    lazy = await lazy_answers(chosen, workers[cfg.lazy_worker])
+    return [(controller, batch, f"{run_id}{STRATEGY_SEPARATOR}{name}")
+            for name, (controller, batch) in teacher_controllers(chosen, pool, lazy).items()]
+
+
 async def _teach(run: OrchestraRun, pool, book, workers, chosen: list, out_dir: Path, run_id: str):
-    lazy = await lazy_answers(chosen, workers[run.teacher.lazy_worker])
     executor = Executor(pool, workers, book, ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit))
-    batches = [(controller, batch, f"{run_id}{STRATEGY_SEPARATOR}{name}")
-               for name, (controller, batch) in teacher_controllers(chosen, pool, lazy).items()]
     try:
+        batches = await teacher_batches(run.teacher, pool, workers, chosen, run_id)
         return await collect_episodes(executor, batches, out_dir, seed=run.teacher.seed)
     finally:
         await close_workers(workers)

@@ -123,6 +123,11 @@ def _exact_routes(pairs: Sequence[tuple[str, str]], form: ExactForm | None) -> l
 # ---------------------------------------------------------------- the controller that writes them
 
 
+# The final answer when a strategy found none (an empty worker reply, a refused turn): the grammar forbids
+# an empty <final_answer>, the verifier rejects this one, and the filter drops the trajectory as failed.
+NO_ANSWER = "none"
+
+
 class TeacherController:
     """Writes a Strategy's turns (the Controller contract): plan round k, then after the last <obs> a
     <verify> and the <final_answer>. Conversations are matched to strategies by their task text."""
@@ -139,9 +144,11 @@ class TeacherController:
         strategy = self.strategies[conversation[1]["content"]]
         k = sum(m["role"] == "assistant" for m in conversation)
         if not strategy.rounds:
-            return Turn(FinalAnswer(strategy.lazy_answer or ""))
-        found = parse_observations(conversation[-1]["content"]) if k else []
+            return Turn(FinalAnswer(strategy.lazy_answer or NO_ANSWER))
+        found = observations_in(conversation[-1]["content"]) if k else []
         value = answer_in(found[-1][1]) if found else None
+        if k and not found:  # the executor refused the last turn (an <error> block): nothing to build on
+            return Turn(FinalAnswer(NO_ANSWER))
         if k < len(strategy.rounds):
             verify = None if k == 0 else Verify(
                 f"subtask {found[-1][0]} returned {value!r}, which no exact tool has checked; recompute it.",
@@ -149,8 +156,16 @@ class TeacherController:
             return Turn(_plan(strategy.rounds[k], k + 1, first_id=1 + sum(len(r) for r in strategy.rounds[:k])), verify)
         agreed = {answer_in(text) for _, text in found}
         check = "the results agree" if len(agreed) == 1 else "the last result is the exact one"
-        return Turn(FinalAnswer(value or ""), Verify(f"subtask {found[-1][0]} returned {value!r}; {check}.",
+        return Turn(FinalAnswer(value or NO_ANSWER), Verify(f"subtask {found[-1][0]} returned {value!r}; {check}.",
                                                      replan=False))
+
+
+def observations_in(message: str) -> list[tuple[int, str]]:
+    """The <obs> blocks of an executor message; none when it is an <error> block instead."""
+    try:
+        return parse_observations(message)
+    except ValueError:
+        return []
 
 
 def _plan(routes: Sequence[Route], round_: int, first_id: int) -> Plan:

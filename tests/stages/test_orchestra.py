@@ -87,3 +87,31 @@ def test_baselines_stage_with_the_real_server_reports_test_and_ood_without_train
     assert (layout.orchestra_manifests / "orchestra-baselines.json").is_file()
     journals = list((layout.orchestra_journals / "baselines").glob("*/*/journal.jsonl"))
     assert sum(len(j.read_text().splitlines()) for j in journals) == len(episodes)  # a rerun resumes from them
+
+
+# ---------------------------------------------------------------- stage: teacher with an LLM (real llama.cpp server)
+
+
+@pytest.mark.slow
+def test_an_llm_teacher_writes_its_own_turns_through_its_endpoint_priced_as_its_worker(tmp_path):
+    from routerops.orchestra.curriculum import strategy_of
+    from stages.orchestra import OrchestraTeacher, teacher
+
+    # The embedded pool's smol-direct stands in for the paper's strong teacher: the path is the same.
+    run = OrchestraRun(pool=str(REPO / "configs/pool.yaml"), price_book=str(REPO / "configs/prices/current.yaml"),
+                       tasks=OrchestraTasks(families=["basic_arithmetic"], train=2, val=1, test=1, ood=1),
+                       turn_limit=2, teacher=OrchestraTeacher(kind="llm", llm_worker="smol-direct", samples=2))
+    layout = Layout(tmp_path)
+    out = teacher(run, layout, tasks(run, layout))
+
+    episodes = pd.read_parquet(out.episodes)
+    turns = pd.read_parquet(out.turns)
+    assert len(episodes) == 2 * 2 and set(episodes.policy) == {"smol-direct"}
+    assert set(episodes.run_id.map(strategy_of)) == {"llm:smol-direct:0", "llm:smol-direct:1"}
+    controller = turns[turns.actor == "controller"]
+    assert len(controller) >= len(episodes) and (controller.prompt_tokens > 0).all()
+    book = load_price_book(run.price_book)
+    assert derive_costs(controller, book).sum() > 0  # the teacher's own turns cost what its worker's calls cost
+    with pytest.raises(InputError, match="orchestra.teacher.llm_worker"):
+        teacher(OrchestraRun(pool=run.pool, price_book=run.price_book, teacher=OrchestraTeacher(kind="llm", llm_worker="sympy")),
+                layout, layout.orchestra_tasks)

@@ -109,3 +109,20 @@ def test_filter_stage_writes_dsft_drl_and_decisions_under_the_layout(tmp_path):
     assert {r["task_id"] for r in kept} == {t.task_id for t in tasks} and paths["rl"].read_text() == ""
     assert pd.read_csv(paths["decisions"]).reason.isin(REASONS).all()
     assert (tmp_path / "reports/orchestra/stages/orchestra-filter.json").is_file()
+
+
+def test_the_teacher_answers_validly_after_an_empty_observation_or_an_error_block():
+    from routerops.orchestra.teacher import NO_ANSWER, TeacherController
+
+    task = materialise_suites(["gcd"], [], {"train": 1}, seed=1)[0]
+    pool = tool_pool()
+    strategy = next(s for s in strategies_for(task, pool, lazy_answer=None) if s.name == "route:sympy/sympy")
+    teacher = TeacherController({task.prompt: strategy})
+    opening = [{"role": "system", "content": "grammar"}, {"role": "user", "content": task.prompt}]
+    first = teacher.respond([opening])[0].text
+    table = RouteTable({w: tuple(p for x, p in pool.admissible_pairs() if x == w) for w in pool.names},
+                       frozenset(pool.primitives))
+    for reply in ('<obs subtask="1">\n\n</obs>', '<error kind="empty">\nthe final answer is empty\n</error>'):
+        conversation = [*opening, {"role": "assistant", "content": first}, {"role": "user", "content": reply}]
+        turn = parse_turn(teacher.respond([conversation])[0].text, TurnContext(table, 1, frozenset({1})))
+        assert not isinstance(turn, GrammarError) and turn.action == FinalAnswer(NO_ANSWER)
