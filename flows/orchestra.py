@@ -14,7 +14,7 @@ from pathlib import Path
 from prefect import flow
 
 from routerops.layout import Layout
-from stages.orchestra import load_run
+from stages.orchestra import check_run, load_run
 from tasks.stages import (
     orchestra_baselines_task, orchestra_evaluate_task, orchestra_filter_task, orchestra_probe_task,
     orchestra_register_task, orchestra_sft_task, orchestra_tasks_task, orchestra_teacher_task,
@@ -24,7 +24,8 @@ from tasks.stages import (
 @flow(name="orchestra", log_prints=True)
 def orchestra_flow(params_file: str = "params.yaml", root: str = ".") -> Path:
     layout = Layout(Path(root))
-    run = load_run(layout.resolve(params_file))  # every section checked before any stage runs
+    run = load_run(layout.resolve(params_file))
+    check_run(run, layout, layout.resolve(params_file))  # fail before any rollout on what would fail later
     tasks = orchestra_tasks_task(run, layout)
     baselines = orchestra_baselines_task(run, layout, tasks)
     teacher = orchestra_teacher_task(run, layout, tasks)

@@ -32,7 +32,7 @@ from evaluation.registry import Judged, register_and_promote
 from evaluation.sft_tracking import train_sft_tracked
 from evaluation.tracking import use_tracking
 from models.orchestrator.config import OrchestraConfig, orchestra_config
-from models.orchestrator.lm import LMController
+from models.orchestrator.lm import LMController, resolve_device
 from models.orchestrator.sft import RESULT_FILE, holds_other_run
 from routerops import schema
 from routerops.config import TrackConfig, load_params
@@ -52,11 +52,14 @@ from routerops.promotion import GateConfig, Outcomes
 from routerops.pricing import check_pool_priced, load_pool, load_price_book
 from routerops.validation import ephemeral_context, run_suite
 from routerops.workers import build_workers, check_pool_runnable
+from routerops.workers.llm import api_key_for
 from routerops.workers.server import local_llm_server
 from stages.manifest import write_manifest
 from stages.pipeline import write_suites
 
 log = logging.getLogger(__name__)
+
+CONTROLLER_NAME = "orchestrator"  # the LM controller's price-book entry and its episodes' policy
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,26 @@ def load_run(path: str | Path = "params.yaml") -> OrchestraRun:
     run = _build(OrchestraRun, raw, path, "orchestra")
     lm_config(run, path)  # the LM sections are checked at load too, before any stage runs
     return dataclasses.replace(run, track=load_params(path, sections=("track",)).track)
+
+
+def check_run(run: OrchestraRun, layout: Layout, params: Path) -> None:
+    """Fail before any work on what would fail later: a pool or price book that does not load (the
+    paper config's prices are left empty until filled in), an unpriced worker or controller, a teacher
+    that is not in the pool, an endpoint key missing from the environment, a device this machine lacks."""
+    pool_file, book_file = layout.resolve(run.pool), layout.resolve(run.price_book)
+    pool, book = load_pool(pool_file), load_price_book(book_file)
+    check_pool_priced(pool, book, book_file)
+    if CONTROLLER_NAME not in book.prices:
+        raise InputError(book_file, f"prices.{CONTROLLER_NAME}", "the LM controller's turns need a price "
+                                                                 "(0 for a self-hosted one)")
+    check_teacher(run.teacher, pool, pool_file, params)
+    check_pool_runnable(pool)
+    for spec in pool.workers:
+        if spec.kind == "llm":
+            api_key_for(spec)  # a RouteropsError naming the missing variable
+    lm = lm_config(run, params)
+    resolve_device(lm.controller.device, f"{params}: orchestra.controller")
+    resolve_device(lm.sft.device, f"{params}: orchestra.sft")
 
 
 def lm_config(run: OrchestraRun, source: str | Path = "params.yaml") -> OrchestraConfig:
@@ -360,7 +383,7 @@ def load_controller(run: OrchestraRun, layout: Layout, adapter: Path | None = No
     """The LM controller, priced as `orchestrator` (configs/prices): π(0) without an adapter, the SFT'd
     controller with one; `version` (base / sft) tells their episodes apart."""
     config = lm_config(run, layout.resolve("params.yaml"))
-    return LMController.load(config.model, config.controller, adapter, layout.model_cache, name="orchestrator",
+    return LMController.load(config.model, config.controller, adapter, layout.model_cache, name=CONTROLLER_NAME,
                              version="base" if adapter is None else "sft")
 
 
@@ -519,7 +542,7 @@ def register(run: OrchestraRun, layout: Layout, tasks: Path, adapter: Path, eval
     the champion on the val tasks (paired bootstrap gate, routerops/promotion.py)."""
     task_list = read_tasks(tasks)
     episodes = schema.read_table(layout.orchestra_eval.episodes, "episodes")
-    mine = episodes[(episodes.policy == "orchestrator") & (episodes.policy_version == "sft")]
+    mine = episodes[(episodes.policy == CONTROLLER_NAME) & (episodes.policy_version == "sft")]
     candidate = judged_on_val(mine)
     config = lm_config(run, layout.resolve("params.yaml"))
     served = ServedOrchestrator.from_files(config.model, config.controller, Path(adapter), layout.resolve(run.pool),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -115,3 +116,31 @@ def test_an_llm_teacher_writes_its_own_turns_through_its_endpoint_priced_as_its_
     with pytest.raises(InputError, match="orchestra.teacher.llm_worker"):
         teacher(OrchestraRun(pool=run.pool, price_book=run.price_book, teacher=OrchestraTeacher(kind="llm", llm_worker="sympy")),
                 layout, layout.orchestra_tasks)
+
+
+def test_the_paper_config_is_refused_before_any_work_naming_what_is_missing(tmp_path, monkeypatch):
+    import torch
+
+    from models.orchestrator.config import DeviceUnavailable
+    from routerops.errors import RouteropsError
+    from stages.orchestra import check_run
+
+    paper = REPO / "configs/paper/orchestra.yaml"
+    run, layout = load_run(paper), Layout(REPO)
+    with pytest.raises(InputError, match=r"configs/paper/prices.yaml.*prices.gpt-5.input_per_1m"):
+        check_run(run, layout, paper)
+    book = yaml.safe_load((REPO / "configs/paper/prices.yaml").read_text())
+    book["prices"] = {name: {"input_per_1m": 1.0, "output_per_1m": 2.0} for name in book["prices"]}
+    (tmp_path / "prices.yaml").write_text(yaml.safe_dump(book))
+    filled = dataclasses.replace(run, price_book=str(tmp_path / "prices.yaml"))
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    with pytest.raises(RouteropsError, match="OPENROUTER_API_KEY"):
+        check_run(filled, layout, paper)
+    monkeypatch.setenv("OPENROUTER_API_KEY", "sk-test")
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceUnavailable, match="orchestra.controller"):
+            check_run(filled, layout, paper)
+    without_controller = {**book, "prices": {k: v for k, v in book["prices"].items() if k != "orchestrator"}}
+    (tmp_path / "prices.yaml").write_text(yaml.safe_dump(without_controller))
+    with pytest.raises(InputError, match="prices.orchestrator"):
+        check_run(filled, layout, paper)
