@@ -48,6 +48,7 @@ class Episodes:
 
     budget_usd: float
     turn_limit: int
+    prompt: str = "full"  # the system prompt's style (routerops/orchestra/prompt.py)
 
 
 class ServedOrchestrator:
@@ -58,7 +59,7 @@ class ServedOrchestrator:
         self.controller, self.spec, self.adapter = controller, spec, Path(adapter)
         self.pool, self.book, self.pool_file, self.book_file, self.limits = pool, book, Path(pool_file), Path(book_file), limits
         self.workers = [w.name for w in pool.workers]
-        self.config = ExecutorConfig(budget_usd=limits.budget_usd, turn_limit=limits.turn_limit)
+        self.config = ExecutorConfig(budget_usd=limits.budget_usd, turn_limit=limits.turn_limit, prompt=limits.prompt)
 
     @classmethod
     def from_files(cls, spec: ModelSpec, settings: GenerationSettings, adapter: Path, pool_file: Path,

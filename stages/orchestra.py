@@ -146,6 +146,9 @@ class OrchestraRun:
     tasks: OrchestraTasks = field(default_factory=OrchestraTasks)
     budget_usd: float = 0.01  # per episode, checked before every worker call
     turn_limit: int = 8  # Tmax, controller turns per episode (004 App. B: Tmax = 8)
+    # The controller's system prompt (routerops/orchestra/prompt.py): "full" (F.2's sections, ~860 tokens
+    # for the embedded pool) or "compact" (~350 tokens: what a 135M controller can be trained on, on a CPU).
+    prompt: str = "full"
     baselines: OrchestraBaselines = field(default_factory=OrchestraBaselines)
     teacher: OrchestraTeacher = field(default_factory=OrchestraTeacher)
     evaluation: OrchestraEvaluation = field(default_factory=OrchestraEvaluation)
@@ -268,7 +271,8 @@ def teacher(run: OrchestraRun, layout: Layout, tasks: Path) -> Trajectories:
     out = layout.orchestra_teacher
     run_id = baseline_run_id([tasks, pool_file, book_file], {"budget_usd": run.budget_usd,
                                                              "turn_limit": run.turn_limit, "teacher": cfg.seed,
-                                                             "kind": cfg.kind, "llm_worker": cfg.llm_worker})
+                                                             "kind": cfg.kind, "llm_worker": cfg.llm_worker,
+                                                             "prompt": run.prompt})
     with _workers(pool, cfg.server_ctx, cfg.server_threads) as workers:
         episodes, _ = asyncio.run(_teach(run, pool, book, workers, chosen, out.folder, run_id))  # writes out
     passed = episodes.groupby("task_id").success.any()
@@ -312,7 +316,8 @@ async def teacher_batches(cfg: OrchestraTeacher, pool, workers, chosen: list, ru
 
 
 async def _teach(run: OrchestraRun, pool, book, workers, chosen: list, out_dir: Path, run_id: str):
-    executor = Executor(pool, workers, book, ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit))
+    executor = Executor(pool, workers, book, ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit,
+                                                            prompt=run.prompt))
     try:
         batches = await teacher_batches(run.teacher, pool, workers, chosen, run_id)
         return await collect_episodes(executor, batches, out_dir, seed=run.teacher.seed)
@@ -391,7 +396,7 @@ def rollout_run_id(run: OrchestraRun, layout: Layout, stage: str, inputs: list[P
     """A run id that changes with what the episodes depend on (tasks, pool, prices, weights, limits), so
     a rerun after any of them changed never reuses an old journal line."""
     lm = lm_config(run, layout.resolve("params.yaml"))
-    settings = {"budget_usd": run.budget_usd, "turn_limit": run.turn_limit, "evaluation": dataclasses.asdict(run.evaluation),
+    settings = {"budget_usd": run.budget_usd, "turn_limit": run.turn_limit, "prompt": run.prompt, "evaluation": dataclasses.asdict(run.evaluation),
                 "model": dataclasses.asdict(lm.model), "controller": dataclasses.asdict(lm.controller)}
     return f"{stage}-{baseline_run_id(inputs, settings)}"
 
@@ -406,7 +411,7 @@ def controller_rollouts(run: OrchestraRun, layout: Layout, batches: list, out_di
     cfg = run.evaluation
     max_tokens = lm_config(run, layout.resolve("params.yaml")).controller.max_new_tokens
     config = ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit, controller_max_tokens=max_tokens,
-                            end_on_malformed=cfg.end_on_malformed)
+                            end_on_malformed=cfg.end_on_malformed, prompt=run.prompt)
     with _workers(pool, cfg.server_ctx, cfg.server_threads) as workers:
         async def collect():
             try:
@@ -546,7 +551,7 @@ def register(run: OrchestraRun, layout: Layout, tasks: Path, adapter: Path, eval
     candidate = judged_on_val(mine)
     config = lm_config(run, layout.resolve("params.yaml"))
     served = ServedOrchestrator.from_files(config.model, config.controller, Path(adapter), layout.resolve(run.pool),
-                                           layout.resolve(run.price_book), Episodes(run.budget_usd, run.turn_limit),
+                                           layout.resolve(run.price_book), Episodes(run.budget_usd, run.turn_limit, run.prompt),
                                            layout.model_cache)
     results = pd.read_csv(evaluation)
     sft_rows = results[results.policy == "orchestrator-sft"]

@@ -80,11 +80,11 @@ class SFTSettings:
     E): the loss covers the controller's own tokens only; observation, system and task tokens are masked.
     Defaults are the CPU demo; configs/paper/orchestra.yaml has the paper's values."""
 
-    learning_rate: float = 2e-4  # App. E: 2e-5 for full fine-tuning; a LoRA adapter needs ~10× more
+    learning_rate: float = 5e-4  # App. E: 2e-5 for full fine-tuning; a LoRA adapter on a few dozen steps needs more
     lr_scheduler: str = "cosine"  # App. E: cosine
     warmup_steps: int = 3  # App. E: 100 (of ~960 steps); scaled down with the demo's step count
     epochs: float = 2.0  # App. E: 2
-    max_steps: int = 30  # > 0 stops there (the demo's few dozen steps); -1 lets `epochs` decide
+    max_steps: int = 50  # > 0 stops there (the demo's few dozen steps); -1 lets `epochs` decide
     batch_size: int = 2  # sequences per device per micro-batch
     gradient_accumulation_steps: int = 1  # App. E: effective batch 128 = batch_size × this × devices
     max_seq_len: int = 1024  # tokens kept per conversation (its start); App. E: 16,384

@@ -44,7 +44,7 @@ from routerops.orchestra.dispatch import OK, REFUSED, SKIPPED, BudgetLedger, Sub
 from routerops.orchestra.grammar import (
     FinalAnswer, GrammarError, Plan, RouteTable, Subtask, Turn, TurnContext, parse_turn,
 )
-from routerops.orchestra.prompt import PoolRow, render_system_prompt
+from routerops.orchestra.prompt import PROMPT_STYLES, PoolRow, render_system_prompt
 from routerops.orchestra.render import render_error, render_observations
 from routerops.policies import episode_rng
 from routerops.pricing import Pool, PriceBook, check_pool_priced
@@ -69,6 +69,7 @@ class ExecutorConfig:
     # episode, so the policy learns workers from their results, not their brand names.
     anonymize_models: bool = False
     success_threshold: float = 1.0  # score at or above which an episode counts as a success
+    prompt: str = "full"  # the system prompt's style (prompt.py): full, or compact for small controllers
 
     def __post_init__(self) -> None:
         if not self.budget_usd >= 0:
@@ -78,6 +79,8 @@ class ExecutorConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError("executor config", name, f"expected a positive integer, got {value!r}")
+        if self.prompt not in PROMPT_STYLES:
+            raise InputError("executor config", "prompt", f"{self.prompt!r} is not one of {PROMPT_STYLES}")
 
 
 @dataclass
@@ -347,7 +350,7 @@ def opening(pool: Pool, book: PriceBook, config: ExecutorConfig, prompt: str,
     table = RouteTable({label: tuple(p for w, p in pairs if w == worker) for label, worker in labels.items()},
                        frozenset(pool.primitives))
     rows = [PoolRow(label, table.models[label], book.price(worker)) for label, worker in labels.items()]
-    system = render_system_prompt(rows, pool.primitives, config.budget_usd, config.turn_limit)
+    system = render_system_prompt(rows, pool.primitives, config.budget_usd, config.turn_limit, config.prompt)
     return table, [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
 
 

@@ -9,12 +9,10 @@ relative to the working directory, so it runs in a temporary one with its own ML
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,26 +29,9 @@ MTROUTER = {
 
 
 @pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    root = tmp_path / "work"
-    root.mkdir()
-    db = root / "mlflow" / "test.db"
-    params = {"track": {"tracking_uri": f"sqlite:///{db}", "artifact_root": str(root / "mlflow/artifacts"),
-                        "experiment": "mtrouter-flow-test"}, "mtrouter": MTROUTER}
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    # A commit to tag the registered model with (the flow reads `git rev-parse HEAD` in its cwd).
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(git + ["init", "-q"], cwd=root, check=True)
-    subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "flow test"], cwd=root, check=True)
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+def workdir(flow_workdir, tmp_path, monkeypatch):
     monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
-    yield root
-    import mlflow
-
-    mlflow.set_tracking_uri(None)
+    return flow_workdir("mtrouter", MTROUTER, "mtrouter-flow-test")
 
 
 def test_mtrouter_flow_end_to_end(workdir):

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,6 +24,7 @@ ORCHESTRA = {
     "tasks": {"families": ["basic_arithmetic", "gcd"], "ood_families": ["decimal_chain_sum"],
               "train": 1, "val": 1, "test": 1, "ood": 1, "seed": 7},
     "turn_limit": 3,
+    "prompt": "compact",
     "baselines": {"routers": ["knn"], "router_seeds": [0], "concurrency": 4},
     "gate": {"n_boot": 200},
     "controller": {"max_new_tokens": 48, "batch_size": 8},
@@ -34,25 +33,9 @@ ORCHESTRA = {
 
 
 @pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    root = tmp_path / "work"
-    root.mkdir()
-    db = root / "mlflow" / "test.db"
-    params = {"track": {"tracking_uri": f"sqlite:///{db}", "artifact_root": str(root / "mlflow/artifacts"),
-                        "experiment": "orchestra-flow-test"}, "orchestra": ORCHESTRA}
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(git + ["init", "-q"], cwd=root, check=True)
-    subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "flow test"], cwd=root, check=True)
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+def workdir(flow_workdir, monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    yield root
-    import mlflow
-
-    mlflow.set_tracking_uri(None)
+    return flow_workdir("orchestra", ORCHESTRA, "orchestra-flow-test")
 
 
 def test_orchestra_flow_end_to_end(workdir):

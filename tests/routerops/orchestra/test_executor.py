@@ -141,6 +141,20 @@ def test_the_system_prompt_lists_every_admissible_pair_with_its_price():
     assert "- execute_python: Write and run a program." in system and "dict `inputs`" in system
 
 
+def test_the_compact_prompt_keeps_the_grammar_the_pairs_and_the_limits_in_fewer_words():
+    controller = ScriptedController([answer("1")])
+    full = executor(pool_workers_without_calls(), budget_usd=0.25).start(TASK, controller, "run-1", 0).messages[0]["content"]
+    compact = executor(pool_workers_without_calls(), budget_usd=0.25, prompt="compact").start(
+        TASK, controller, "run-1", 0).messages[0]["content"]
+    assert len(compact) < len(full) / 2
+    for line in ("- echo-small: skills answer, verify, execute_python; $1 / $2 / $0", "- python: skills python; $0 / $0 / $2e-05",
+                 "At most 8 turns and $0.25", "<final_answer>", '<route subtask="1" model="MODEL" skill="SKILL">',
+                 "<replan/>", '<plan round="2">'):
+        assert line in compact, line
+    with pytest.raises(InputError, match="prompt"):
+        ExecutorConfig(prompt="terse")
+
+
 def pool_workers_without_calls() -> dict:
     """Workers for tests that never call one (the URL is never contacted)."""
     nowhere = "http://127.0.0.1:9/v1"

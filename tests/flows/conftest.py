@@ -1,0 +1,35 @@
+"""A flow's working directory: its own params.yaml, git commit (registered models are tagged with
+`git rev-parse HEAD`), MLflow store and Prefect home, under a temp dir."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import yaml
+
+
+@pytest.fixture
+def flow_workdir(tmp_path, monkeypatch):
+    """`flow_workdir(section, settings, experiment)` → the root, with params.yaml holding the section."""
+    root = tmp_path / "work"
+    root.mkdir()
+    db = root / "mlflow" / "test.db"
+
+    def make(section: str, settings: dict, experiment: str):
+        params = {"track": {"tracking_uri": f"sqlite:///{db}", "artifact_root": str(root / "mlflow/artifacts"),
+                            "experiment": experiment}, section: settings}
+        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run(git + ["init", "-q"], cwd=root, check=True)
+        subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "flow test"], cwd=root, check=True)
+        monkeypatch.chdir(root)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+        monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+        monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+        return root
+
+    yield make
+    import mlflow
+
+    mlflow.set_tracking_uri(None)
