@@ -1,0 +1,634 @@
+"""The policy-gradient core of the orchestrator's RL stage (paper 004, Uno-Orchestra, §4.2 and App. B):
+one clipped-ratio update of the LM controller's LoRA adapter on a group of executed conversations,
+with a low-variance KL penalty to a frozen reference, the loss on the controller's own tokens only
+(004 §4.2 eq. 7; 003 CoRL §3.2 eq. 2 masks the expert LLMs' tokens the same way).
+
+The objective, as `policy_loss` computes it over the N controller tokens of a batch (every position ℓ
+where `mask` is 1; observation, system, task and chat-template tokens are 0):
+
+    ρ_ℓ    = exp(log π_θ(x_ℓ|h_ℓ) − log π_old(x_ℓ|h_ℓ))           importance ratio (B.3; eq. 7)
+    L_clip = −(1/N) Σ_ℓ min(ρ_ℓ·Â_t(ℓ), clip(ρ_ℓ, 1−ε, 1+ε)·Â_t(ℓ))  clipped surrogate (B.4; eq. 7)
+    r_ℓ    = log π_ref(x_ℓ|h_ℓ) − log π_θ(x_ℓ|h_ℓ)
+    k3_ℓ   = exp(r_ℓ) − r_ℓ − 1                                  eq. 7's "ρ − log ρ − 1", ρ = π_ref/π_θ
+    L      = L_clip + β·(1/N) Σ_ℓ k3_ℓ                           ε = 0.2, β = 1e-3 (§5, App. A.2, A.8)
+
+Â_{t(ℓ)} is the advantage of the turn that holds token ℓ (advantages.py: `turn_advantages`, spread
+onto tokens by `masked_token_advantages`). Choices the paper leaves open are documented where they are
+made: the averaging (`policy_loss`), which old log-probabilities (`RolloutBatch`), the reference
+(`RLTrainer`), the learning rate for a LoRA adapter (`RLSettings`).
+
+What comes from libraries, and what is written here:
+- PEFT: the LoRA layers (`get_peft_model`, `LoraConfig`), loading an SFT adapter as the trainable
+  starting point and again as a second, frozen named adapter on the same base weights
+  (`PeftModel.from_pretrained`, `load_adapter`, `set_adapter`), the adapters-off context
+  (`disable_adapter`) that makes the base model the reference, and adapter save/load.
+- TRL: `selective_log_softmax`, the memory-lean log-softmax-and-gather of the token log-probs.
+- torch: AdamW and gradient-norm clipping.
+- this project: chat-template tokenisation with the assistant mask (sft_data.tokenize_conversation,
+  the very mask SFT trains on, as §4.2 requires) and the turn advantages (advantages.py).
+- here: the loss (TRL computes it inside GRPOTrainer's private `_compute_loss`, not as a function),
+  the batch with per-turn advantages and old log-probs matched to the generated ids, and a small
+  trainer with atomic, resumable checkpoints.
+
+Why not TRL's GRPOTrainer: it owns generation and scoring. It samples completions itself (single-turn,
+or its own tool-calling loop / the experimental `rollout_func`), computes one group-normalised
+advantage per completion from reward functions, and spreads that one scalar over the completion. Our
+rollouts come from routerops.orchestra's executor (priced workers, budgets, <obs> turns between the
+controller's turns), and the advantages are per turn (MT-GRPO, Agentic-GRPO) or per tree node
+(tree-GRPO), computed over the group after execution; feeding those through GRPOTrainer would mean
+overriding its private generation and advantage code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from models.orchestrator.advantages import (CONFIG_SECTION, AdvantageConfig, advantage_config,
+                                            masked_token_advantages)
+from models.orchestrator.config import DEVICES, DTYPES, LLAMA_LINEAR_MODULES, section_from_mapping
+from models.orchestrator.lm import load_causal_lm, load_tokenizer, resolve_device, seeded
+from models.orchestrator.sft_data import tokenize_conversation
+from routerops.errors import InputError, RouteropsError
+from routerops.files import read_text
+from routerops.orchestra.controller import ControllerTurn, Message
+
+log = logging.getLogger(__name__)
+
+POLICY_ADAPTER = "default"  # PEFT saves the adapter named "default" at the folder's top level
+REFERENCE_ADAPTER = "reference"  # the frozen SFT adapter, when the reference is one
+STATE_FILE = "rl_state.json"
+OPTIMIZER_FILE = "optimizer.pt"
+ADAPTER_DIR = "adapter"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Settings: orchestra.rl holds both these keys and AdvantageConfig's
+
+
+@dataclass(frozen=True)
+class RLSettings:
+    """The update's settings (`orchestra.rl`, beside advantages.AdvantageConfig's estimator keys).
+
+    The group size G is AdvantageConfig.group_size (`orchestra.rl.group_size`, 8 by §5 and App. A.2):
+    one key, one owner, read as `RLConfig.group_size`. The paper's values are cited; where a value is
+    the CPU demo's, the paper's is given beside it."""
+
+    # App. A.2/A.8: AdamW at 1e-6, for full fine-tuning of Qwen2.5-7B. A LoRA adapter needs a larger
+    # rate; we scale the paper's by the factor the demo's SFT already applies to the paper's SFT rate
+    # (5e-4 vs App. A.2's 2e-5, 25×): 2.5e-5.
+    learning_rate: float = 2.5e-5
+    clip_epsilon: float = 0.2  # PPO clip ε: §5, App. A.2 and A.8
+    kl_beta: float = 1e-3  # β of the KL to the frozen reference: §5, App. A.2 and A.8 ("no entropy bonus")
+    # The rollouts' sampling temperature (orchestra.controller.temperature at rollout time). Policy, old
+    # and reference log-probs are all taken from logits / T, so the ratio compares the distribution the
+    # tokens were drawn from (as TRL's GRPOTrainer does). The paper gives none. > 0: greedy rollouts of
+    # one task are identical and leave nothing to compare.
+    temperature: float = 1.0
+    max_steps: int = 20  # optimisation steps of the demo (App. A.2: one pass over 2,976 tasks at G = 8)
+    save_steps: int = 5  # checkpoint period (the paper gives none)
+    # Tokens kept per conversation (its start). App. A.2: 4,096 prompt + 16,384 assistant tokens; the
+    # demo keeps SFT's 1,024.
+    max_seq_len: int = 1024
+    weight_decay: float = 0.0  # the paper names AdamW without a decay; 0 as TRL's GRPOConfig
+    max_grad_norm: float = 1.0  # the paper gives none; TRL's default
+    # The LoRA adapter trained when no SFT adapter is given (an SFT adapter brings its own config); the
+    # same keys and defaults as orchestra.sft. No lora_dropout: dropout is off throughout (TRL's
+    # GRPOConfig.disable_dropout), else the ratio at the first update would compare two random masks.
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_target_modules: tuple[str, ...] = LLAMA_LINEAR_MODULES
+    seed: int = 0  # the LoRA initialisation
+    device: str = "cpu"  # cpu | cuda | auto; "cuda" on a machine without one is refused
+    dtype: str = "float32"  # the base weights' dtype once loaded (orchestra.model.dtype)
+
+    def validate(self, source: str, where: str = CONFIG_SECTION) -> None:
+        for name in ("learning_rate", "temperature", "max_steps", "save_steps", "max_seq_len", "lora_r",
+                     "lora_alpha", "max_grad_norm"):
+            if not getattr(self, name) > 0:  # NaN fails too
+                raise InputError(source, f"{where}.{name}", f"{getattr(self, name)} must be > 0")
+        if not 0 < self.clip_epsilon < 1:
+            raise InputError(source, f"{where}.clip_epsilon", f"{self.clip_epsilon} is not in (0, 1)")
+        for name in ("kl_beta", "weight_decay"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise InputError(source, f"{where}.{name}", f"{getattr(self, name)} must be finite and ≥ 0")
+        if not self.lora_target_modules:
+            raise InputError(source, f"{where}.lora_target_modules", "name at least one module")
+        if self.device not in DEVICES:
+            raise InputError(source, f"{where}.device", f"{self.device!r} is not one of {DEVICES}")
+        if self.dtype not in DTYPES:
+            raise InputError(source, f"{where}.dtype", f"{self.dtype!r} is not one of {DTYPES}")
+
+
+ADVANTAGE_KEYS = frozenset(f.name for f in dataclasses.fields(AdvantageConfig))
+SETTING_KEYS = frozenset(f.name for f in dataclasses.fields(RLSettings))
+assert not ADVANTAGE_KEYS & SETTING_KEYS, "a key of orchestra.rl must have one owner"
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """The whole `orchestra.rl` section: the update's settings and the advantage estimator's."""
+
+    settings: RLSettings = field(default_factory=RLSettings)
+    advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
+    source: str = CONFIG_SECTION  # the file it came from, for error messages
+
+    @property
+    def group_size(self) -> int:
+        return self.advantages.group_size
+
+
+def rl_config(raw: Mapping[str, Any] | None, source: str = CONFIG_SECTION) -> RLConfig:
+    """RLConfig from the `orchestra.rl` mapping of file `source`. Estimator keys go to AdvantageConfig,
+    the others to RLSettings; an unknown key, a wrong type or a value out of range raises InputError
+    naming `orchestra.rl.<key>`."""
+    raw = {} if raw is None else raw
+    if not isinstance(raw, Mapping):
+        raise InputError(source, CONFIG_SECTION, "expected a mapping")
+    unknown = sorted(set(raw) - ADVANTAGE_KEYS - SETTING_KEYS)
+    if unknown:
+        raise InputError(source, f"{CONFIG_SECTION}.{unknown[0]}", "unknown key")
+    advantages = advantage_config({k: v for k, v in raw.items() if k in ADVANTAGE_KEYS}, source)
+    settings = section_from_mapping(RLSettings, {k: v for k, v in raw.items() if k in SETTING_KEYS}, source,
+                                    CONFIG_SECTION)
+    return RLConfig(settings, advantages, source)
+
+
+def load_rl_config(path: str | Path = "params.yaml") -> RLConfig:
+    """The `orchestra.rl` section of a params file (absent: the defaults)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(read_text(path)) or {}
+    except yaml.YAMLError as exc:
+        raise InputError(path, "<file>", f"not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise InputError(path, "<file>", "expected a mapping")
+    orchestra = raw.get("orchestra") or {}
+    if not isinstance(orchestra, dict):
+        raise InputError(path, "orchestra", "expected a mapping")
+    return rl_config(orchestra.get("rl"), str(path))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Log-probabilities and the loss
+
+
+def sequence_logprobs(model: torch.nn.Module, batch: "RolloutBatch", temperature: float = 1.0) -> torch.Tensor:
+    """log π(x_ℓ | x_<ℓ) of every token of `batch.input_ids` where `batch.mask` is 1, from one forward
+    pass of `model` (a causal LM, PEFT-wrapped or not, with whichever adapter is active); 0 elsewhere.
+    Shape [B, L] like the mask; differentiable unless called under no_grad.
+
+    Logits are computed only from the first position any row needs (`logits_to_keep`): the system
+    prompt and task that precede every controller turn cost the transformer but not the LM head."""
+    mask = batch.mask.bool()
+    if mask[:, 0].any():
+        raise ValueError("position 0 has no preceding token to be predicted from; it cannot be in the mask")
+    needed = torch.nonzero(mask.any(dim=0))
+    if needed.numel() == 0:
+        return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    first, length = int(needed[0]), mask.shape[1]
+    from trl.trainer.utils import selective_log_softmax
+
+    # The logits at positions first−1 … L−2 predict tokens first … L−1.
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+                   logits_to_keep=length - first + 1).logits[:, :-1]
+    # [B, L − first]; TRL loops over the B rows to bound the log-softmax's peak memory.
+    chosen = selective_log_softmax(logits.float(), batch.input_ids[:, first:], temperature=temperature)
+    chosen = torch.where(mask[:, first:], chosen, torch.zeros((), dtype=chosen.dtype, device=chosen.device))
+    return torch.cat([chosen.new_zeros(mask.shape[0], first), chosen], dim=1)
+
+
+def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                advantages: torch.Tensor, mask: torch.Tensor, clip_epsilon: float = 0.2,
+                kl_beta: float = 1e-3) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped surrogate plus β·KL (module docstring; 004 §4.2 eq. 7, App. B eqs. B.3/B.4), over the
+    tokens where `mask` is 1. All tensors share one shape ([B, L] or [N]); only new_logprobs carries
+    gradient. Returns (loss, diagnostics): loss_policy and loss_kl (the two terms, β applied), kl (mean
+    k3), ratio (mean ρ), clip_fraction (share of tokens whose gradient the clip removed: ρ < 1−ε with
+    Â < 0, or ρ > 1+ε with Â > 0), advantage (mean Â), tokens (N).
+
+    Averaging: one mean over every controller token of the batch (the group's G conversations), each
+    token weighted alike. Eq. 7 sums min(·) over i and ℓ ∈ T_i with no per-sequence normalisation, so
+    this is eq. 7 divided by N, which keeps the step size independent of how many tokens a batch has.
+    It is the token-level loss of DAPO (Yu et al. 2025, cited by 003) and TRL's loss_type="dapo"; the
+    original GRPO (Shao et al. 2024) instead averages within each sequence, then over sequences, which
+    gives a token of a long trajectory (a decomp-repair chain, App. E) less weight than one of a lazy
+    one-turn answer. β·k3 is averaged over the same tokens.
+
+    KL: eq. 7 writes D̂_KL = ρ − log ρ − 1 with the importance ratio's symbol, but the penalty is to the
+    frozen reference (§4.2; App. A.2 "against an SFT-frozen router reference"), so ρ there is
+    π_ref/π_θ: Schulman's k3 estimator of KL(π_θ‖π_ref), as in GRPO (Shao et al. 2024) and TRL. It is
+    ≥ 0 token by token, and unbiased for samples from π_θ (ours are from π_old; at ε-close policies
+    the difference is second order, and TRL leaves it uncorrected by default too)."""
+    shapes = {t.shape for t in (new_logprobs, old_logprobs, ref_logprobs, advantages, mask)}
+    if len(shapes) != 1:
+        raise ValueError(f"policy_loss needs tensors of one shape, got {sorted(map(tuple, shapes))}")
+    keep = mask.bool()
+    n = int(keep.sum())
+    if n == 0:
+        raise ValueError("the mask selects no controller token: nothing to train on")
+    zero = torch.zeros((), dtype=new_logprobs.dtype, device=new_logprobs.device)
+    # Masked positions are zeroed before exp(), so whatever they hold cannot overflow or turn into NaN.
+    log_ratio = torch.where(keep, new_logprobs - old_logprobs, zero)
+    ratio = torch.exp(log_ratio)
+    adv = torch.where(keep, advantages.to(new_logprobs.dtype), zero)
+    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_epsilon, 1 + clip_epsilon) * adv)
+    log_ref_ratio = torch.where(keep, ref_logprobs - new_logprobs, zero)
+    k3 = torch.exp(log_ref_ratio) - log_ref_ratio - 1  # ≥ 0 everywhere, 0 where π_θ = π_ref
+
+    def mean(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(keep, x, zero).sum() / n
+
+    loss_policy, kl = -mean(surrogate), mean(k3)
+    loss = loss_policy + kl_beta * kl
+    with torch.no_grad():
+        clipped = ((ratio < 1 - clip_epsilon) & (adv < 0)) | ((ratio > 1 + clip_epsilon) & (adv > 0))
+        stats = {"loss_policy": float(loss_policy), "loss_kl": float(kl_beta * kl), "kl": float(kl),
+                 "ratio": float(mean(ratio)), "clip_fraction": float(mean(clipped.to(ratio.dtype))),
+                 "advantage": float(mean(adv)), "tokens": float(n)}
+    return loss, stats
+
+
+# ---------------------------------------------------------------------------------------------------
+# The batch
+
+
+def mask_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s: the controller's turns, in order."""
+    m = np.asarray(mask, dtype=np.int64)
+    starts = np.flatnonzero(np.diff(np.concatenate(([0], m))) == 1)
+    ends = np.flatnonzero(np.diff(np.concatenate((m, [0]))) == -1) + 1
+    return list(zip(starts.tolist(), ends.tolist()))
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """G tokenised conversations, right-padded to one length L, ready for `policy_loss`.
+
+    mask is 1 on the controller's tokens: each assistant turn's content and the end-of-turn token that
+    stopped it, exactly SFT's assistant mask (sft_data.tokenize_conversation; §4.2: "𝒯_i coincides with
+    the SFT loss mask"). advantages holds each turn's advantage on that turn's tokens, 0 elsewhere.
+
+    Old log-probs. The default is to recompute them with the policy before the update
+    (`RLTrainer.prepare`), for three reasons: (1) the conversation is re-tokenised from its text, and
+    BPE need not give back the ids that were generated (a turn sampled as " 4" "2" re-encodes as " 42";
+    special tokens the policy emitted are dropped from the text), so generated log-probs need not
+    belong to the tokens trained on; (2) they are of the sampler's distribution, which top-p
+    renormalises and the trainer cannot reproduce; (3) a fresh forward pass gives π_old with the very
+    computation π_θ gets (ρ = 1 exactly at the first update, rather than off by batched-decoding
+    rounding). This is exact when rollouts are sampled by the policy being trained, as in a synchronous
+    loop. When they come from an older checkpoint (asynchronous rollouts), pass the ControllerTurns:
+    a turn's generated log-probs are used where its re-tokenised ids equal its generated ids, and only
+    there (`old_known`); the other turns are recomputed. Given log-probs must come from logits / T with
+    top_p = 1 (RLSettings.temperature), or the ratio is biased.
+
+    A turn cut at the controller's max_new_tokens has no end-of-turn token, but the chat template
+    appends one; when the ControllerTurns show this, that token is taken out of the mask (the policy
+    did not choose to stop there). Without them it cannot be told apart and stays in, as in SFT."""
+
+    input_ids: torch.Tensor  # [B, L] int64, right-padded with the tokenizer's pad id
+    attention_mask: torch.Tensor  # [B, L] int64
+    mask: torch.Tensor  # [B, L] int64: 1 on controller tokens
+    advantages: torch.Tensor  # [B, L] float32: the turn's advantage on its tokens, 0 elsewhere
+    turn_index: torch.Tensor  # [B, L] int64: the assistant turn (0-based) a controller token belongs to, −1 elsewhere
+    old_logprobs: torch.Tensor  # [B, L] float32: meaningful where old_known
+    old_known: torch.Tensor  # [B, L] bool: old log-probs given (or already computed) at these positions
+    ref_logprobs: torch.Tensor | None = None  # [B, L] float32, filled by RLTrainer.prepare
+    truncated: int = 0  # conversations cut at max_length
+
+    @property
+    def prepared(self) -> bool:
+        """Old and reference log-probs known on every controller token."""
+        return self.ref_logprobs is not None and bool((self.old_known | (self.mask == 0)).all())
+
+    @property
+    def controller_tokens(self) -> int:
+        return int(self.mask.sum())
+
+    def to(self, device: str | torch.device) -> "RolloutBatch":
+        moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
+                 if isinstance(getattr(self, f.name), torch.Tensor)}
+        return dataclasses.replace(self, **moved)
+
+    @classmethod
+    def from_conversations(cls, tokenizer: Any, conversations: Sequence[list[Message]],
+                           advantages: Sequence[Sequence[float]],
+                           turns: Sequence[Sequence[ControllerTurn | None] | None] | None = None,
+                           max_length: int | None = None) -> "RolloutBatch":
+        """conversations: as the executor records them (system, user task, then assistant turns and user
+        <obs> turns). advantages[i][k]: the advantage of conversation i's k-th assistant turn (one array
+        per rollout, as advantages.turn_advantages returns them). turns[i][k]: the ControllerTurn that
+        produced that assistant turn (None, or a None entry: recompute). max_length: tokens kept per
+        conversation (its start; a turn cut short keeps its advantage on the tokens left)."""
+        if len(advantages) != len(conversations):
+            raise ValueError(f"{len(conversations)} conversations but {len(advantages)} advantage arrays")
+        if turns is not None and len(turns) != len(conversations):
+            raise ValueError(f"{len(conversations)} conversations but {len(turns)} ControllerTurn lists")
+        if not conversations:
+            raise ValueError("a rollout batch needs at least one conversation")
+        rows = []
+        for i, messages in enumerate(conversations):
+            try:
+                rows.append(tokenize_rollout(tokenizer, messages, advantages[i], None if turns is None else turns[i]))
+            except ValueError as exc:
+                raise ValueError(f"conversation {i}: {exc}") from exc
+        truncated = 0
+        if max_length is not None:
+            truncated = sum(len(r[0]) > max_length for r in rows)
+            rows = [tuple(column[:max_length] for column in r) for r in rows]
+        length = max(len(r[0]) for r in rows)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+        def padded(column: int, fill: Any, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor([list(r[column]) + [fill] * (length - len(r[column])) for r in rows], dtype=dtype)
+
+        return cls(input_ids=padded(0, pad, torch.int64),
+                   attention_mask=torch.tensor([[1] * len(r[0]) + [0] * (length - len(r[0])) for r in rows]),
+                   mask=padded(1, 0, torch.int64), advantages=padded(2, 0.0, torch.float32),
+                   turn_index=padded(3, -1, torch.int64), old_logprobs=padded(4, 0.0, torch.float32),
+                   old_known=padded(5, False, torch.bool), truncated=truncated)
+
+
+def tokenize_rollout(tokenizer: Any, messages: list[Message], advantages: Sequence[float],
+                     turns: Sequence[ControllerTurn | None] | None) -> tuple[list, ...]:
+    """One conversation as columns (input_ids, mask, advantages, turn_index, old_logprobs, old_known)."""
+    tokenized = tokenize_conversation(tokenizer, messages)
+    ids, mask = tokenized.input_ids, list(tokenized.assistant_masks)
+    token_adv = masked_token_advantages(advantages, mask).tolist()  # checks one advantage per turn
+    runs = mask_runs(mask)
+    turn_index = [-1] * len(ids)
+    for k, (start, end) in enumerate(runs):
+        turn_index[start:end] = [k] * (end - start)
+    old, known = [0.0] * len(ids), [False] * len(ids)
+    if turns is not None:
+        if len(turns) != len(runs):
+            raise ValueError(f"{len(turns)} ControllerTurns for {len(runs)} assistant turns")
+        for k, ((start, end), turn) in enumerate(zip(runs, turns)):
+            if turn is None or turn.token_ids is None or turn.token_logprobs is None:
+                continue
+            generated, logprobs = list(turn.token_ids), list(turn.token_logprobs)
+            if len(generated) != len(logprobs):
+                raise ValueError(f"turn {k}: {len(generated)} token ids but {len(logprobs)} log-probs")
+            tokens = ids[start:end]
+            if generated == tokens[:-1] and not turn_stopped(tokenizer, generated):
+                # Cut at max_new_tokens: the template's end-of-turn token was not the policy's choice.
+                mask[end - 1], token_adv[end - 1], turn_index[end - 1] = 0, 0.0, -1
+                tokens = tokens[:-1]
+            if generated == tokens:
+                old[start:start + len(tokens)] = logprobs
+                known[start:start + len(tokens)] = [True] * len(tokens)
+            else:
+                log.debug("turn %d: re-tokenised ids differ from the generated ones; its old log-probs are "
+                          "recomputed", k)
+    return ids, mask, token_adv, turn_index, old, known
+
+
+def turn_stopped(tokenizer: Any, generated: Sequence[int]) -> bool:
+    """Whether a generated turn ends with an end-of-turn token (the tokenizer's EOS or <|im_end|>)."""
+    if not generated:
+        return False
+    ends = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    return generated[-1] in ends
+
+
+# ---------------------------------------------------------------------------------------------------
+# The trainer
+
+
+def lora_config(settings: RLSettings) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=0.0,
+                      target_modules=list(settings.lora_target_modules), bias="none", task_type="CAUSAL_LM")
+
+
+def adapter_fingerprint(folder: Path) -> str:
+    """sha256 of an adapter folder's config and weights: a resumed run must meet the same reference."""
+    digest = hashlib.sha256()
+    for name in ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"):
+        path = Path(folder) / name
+        if path.is_file():
+            digest.update(name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def check_adapter_folder(folder: Path) -> Path:
+    folder = Path(folder)
+    if not (folder / "adapter_config.json").is_file():
+        raise InputError(folder, "<folder>", "not a PEFT adapter folder (no adapter_config.json)")
+    return folder
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """p = 0 in every dropout module (TRL's disable_dropout_in_model): the log-probs are a deterministic
+    function of the weights in train and eval mode alike."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
+class RLTrainer:
+    """The trainable LoRA policy, its frozen reference, AdamW and a step count.
+
+    Reference (App. A.2: "KL regularisation ... against an SFT-frozen router reference"). Both options
+    share the one copy of the base weights:
+    - no SFT adapter: the reference is the base model, evaluated inside PEFT's `disable_adapter()`;
+    - an SFT adapter: the policy starts as a trainable copy of it (adapter "default") and the reference
+      is a second, frozen copy (adapter "reference") on the same base, made active only for the
+      reference's no-grad forward pass. A LoRA adapter is ~2% of SmolLM2's weights (r = 8 on every
+      projection); a second whole model would double the memory and the load time.
+
+    Use: `batch = trainer.prepare(batch)` once per rollout group (old and reference log-probs, no
+    grad), then `trainer.step(batch)` once, or several times for several PPO epochs on the same
+    rollouts (the old log-probs stay those of the policy before the first). `save(dir)` / `resume(dir)`
+    checkpoint the adapter, AdamW's state and the step count; the writes are atomic."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, settings: RLSettings, base_folder: Path,
+                 sft_adapter: Path | None, step: int = 0):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.base_folder = Path(base_folder)
+        self.sft_adapter = None if sft_adapter is None else Path(sft_adapter)
+        self.sft_fingerprint = None if sft_adapter is None else adapter_fingerprint(Path(sft_adapter))
+        self.device = next(model.parameters()).device
+        self.step_count = step
+        disable_dropout(model)
+        model.eval()
+        self.parameters = [p for name, p in model.named_parameters() if p.requires_grad]
+        names = [name for name, p in model.named_parameters() if p.requires_grad]
+        if not names or any(f".{POLICY_ADAPTER}." not in name for name in names):
+            raise RouteropsError(f"expected only the policy adapter's LoRA weights to be trainable, got {names[:3]}")
+        self.optimizer = torch.optim.AdamW(self.parameters, lr=settings.learning_rate,
+                                           weight_decay=settings.weight_decay)
+
+    # -- construction -----------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, settings: RLSettings, base_folder: str | Path,
+               sft_adapter: str | Path | None = None) -> "RLTrainer":
+        """A fresh run: a new LoRA adapter (settings' lora keys, initialised under settings.seed) on the
+        base model in base_folder, or a trainable copy of the SFT adapter in `sft_adapter`."""
+        return cls.build(settings, Path(base_folder), sft_adapter=None if sft_adapter is None else Path(sft_adapter))
+
+    @classmethod
+    def build(cls, settings: RLSettings, base_folder: Path, sft_adapter: Path | None,
+              policy_adapter: Path | None = None, step: int = 0) -> "RLTrainer":
+        from peft import PeftModel, get_peft_model
+
+        device = resolve_device(settings.device, CONFIG_SECTION)
+        base = load_causal_lm(base_folder, settings.dtype, device)
+        start = policy_adapter or sft_adapter
+        if start is not None:
+            model = PeftModel.from_pretrained(base, str(check_adapter_folder(start)), adapter_name=POLICY_ADAPTER,
+                                              is_trainable=True)
+        else:
+            with seeded(settings.seed, device):
+                model = get_peft_model(base, lora_config(settings), adapter_name=POLICY_ADAPTER)
+        if sft_adapter is not None:
+            model.load_adapter(str(check_adapter_folder(sft_adapter)), adapter_name=REFERENCE_ADAPTER,
+                               is_trainable=False)
+            model.set_adapter(POLICY_ADAPTER)  # active and trainable; the reference stays frozen
+        return cls(model, load_tokenizer(base_folder), settings, base_folder, sft_adapter, step)
+
+    @classmethod
+    def resume(cls, checkpoint: str | Path, settings: RLSettings | None = None) -> "RLTrainer":
+        """The trainer saved in `checkpoint`: its adapter, AdamW state and step count, the same base and
+        the same reference. Other settings than the checkpoint's, or an SFT adapter whose bytes changed
+        since, are refused rather than mixed into the run."""
+        checkpoint = Path(checkpoint)
+        state_file = checkpoint / STATE_FILE
+        if not state_file.is_file():
+            raise InputError(checkpoint, STATE_FILE, "not an RL checkpoint (no state file)")
+        state = json.loads(state_file.read_text())
+        recorded = state["settings"]
+        saved = RLSettings(**{**recorded, "lora_target_modules": tuple(recorded["lora_target_modules"])})
+        if settings is not None and settings != saved:
+            changed = sorted(k for k in recorded if getattr(settings, k) != getattr(saved, k))
+            raise RouteropsError(f"{checkpoint} was trained with other settings ({', '.join(changed)} differ); "
+                                 "start a new run to change them")
+        sft_adapter = None if state["sft_adapter"] is None else Path(state["sft_adapter"])
+        if sft_adapter is not None and adapter_fingerprint(sft_adapter) != state["sft_adapter_sha256"]:
+            raise RouteropsError(f"the reference adapter {sft_adapter} changed since {checkpoint} was saved; "
+                                 "the KL term would measure against another policy")
+        trainer = cls.build(saved, Path(state["base_folder"]), sft_adapter, policy_adapter=checkpoint / ADAPTER_DIR,
+                            step=int(state["step"]))
+        optimizer_state = torch.load(checkpoint / OPTIMIZER_FILE, map_location=trainer.device, weights_only=True)
+        trainer.optimizer.load_state_dict(optimizer_state)
+        return trainer
+
+    # -- the update --------------------------------------------------------------------------------
+
+    @property
+    def reference_is_base(self) -> bool:
+        return self.sft_adapter is None
+
+    @contextmanager
+    def reference(self) -> Iterator[None]:
+        """The frozen reference policy active for the duration (call under no_grad)."""
+        if self.reference_is_base:
+            with self.model.disable_adapter():
+                yield
+            return
+        self.model.set_adapter(REFERENCE_ADAPTER, inference_mode=True)  # active, and frozen like the rest
+        try:
+            yield
+        finally:
+            self.model.set_adapter(POLICY_ADAPTER)  # re-marks the policy trainable, the reference frozen
+
+    @torch.no_grad()
+    def logprobs(self, batch: RolloutBatch, reference: bool = False) -> torch.Tensor:
+        """The controller tokens' log-probs under the current policy (or the reference), no grad."""
+        batch = batch.to(self.device)
+        if reference:
+            with self.reference():
+                return sequence_logprobs(self.model, batch, self.settings.temperature)
+        return sequence_logprobs(self.model, batch, self.settings.temperature)
+
+    def prepare(self, batch: RolloutBatch) -> RolloutBatch:
+        """The batch with old log-probs on every controller token (given ones kept, the rest from the
+        current policy) and the reference's log-probs; a batch already prepared is returned as is."""
+        batch = batch.to(self.device)
+        if batch.prepared:
+            return batch
+        mask = batch.mask.bool()
+        old, known = batch.old_logprobs, batch.old_known
+        if not bool((known | ~mask).all()):
+            old = torch.where(known, old, self.logprobs(batch))
+            known = known | mask
+        ref = batch.ref_logprobs if batch.ref_logprobs is not None else self.logprobs(batch, reference=True)
+        return dataclasses.replace(batch, old_logprobs=old, old_known=known, ref_logprobs=ref)
+
+    def step(self, batch: RolloutBatch) -> dict[str, float]:
+        """One AdamW update on the batch; returns the loss and its diagnostics as they were before the
+        update (policy_loss's keys), the gradient norm before clipping, the mean log-prob of the
+        controller tokens, the step count after the update and the step's seconds."""
+        started = time.perf_counter()
+        batch = self.prepare(batch)
+        new = sequence_logprobs(self.model, batch, self.settings.temperature)
+        loss, stats = policy_loss(new, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.mask,
+                                  self.settings.clip_epsilon, self.settings.kl_beta)
+        if not torch.isfinite(loss):
+            raise RouteropsError(f"RL step {self.step_count + 1}: the loss is {float(loss)}; no update made")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.settings.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_count += 1
+        mask = batch.mask.bool()
+        return {"loss": float(loss.detach()), **stats, "grad_norm": float(grad_norm),
+                "logprob": float(new.detach()[mask].mean()), "step": float(self.step_count),
+                "seconds": time.perf_counter() - started}
+
+    @property
+    def finished(self) -> bool:
+        return self.step_count >= self.settings.max_steps
+
+    @property
+    def checkpoint_due(self) -> bool:
+        return self.step_count > 0 and self.step_count % self.settings.save_steps == 0
+
+    # -- checkpoints -------------------------------------------------------------------------------
+
+    def save(self, checkpoint: str | Path) -> Path:
+        """Write the policy adapter (a plain PEFT folder: load_controller_model and merge_adapter take
+        it as it is), AdamW's state and the run's state to `checkpoint`. Written beside it and renamed
+        into place, so an interrupted save leaves the previous checkpoint, never half of one."""
+        checkpoint = Path(checkpoint)
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        tmp = checkpoint.with_name(f".{checkpoint.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        self.model.save_pretrained(str(tmp / ADAPTER_DIR), selected_adapters=[POLICY_ADAPTER])
+        self.tokenizer.save_pretrained(str(tmp / ADAPTER_DIR))  # the adapter folder alone serves or merges
+        torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        state = {"step": self.step_count, "settings": dataclasses.asdict(self.settings),
+                 "base_folder": str(self.base_folder),
+                 "sft_adapter": None if self.sft_adapter is None else str(self.sft_adapter),
+                 "sft_adapter_sha256": self.sft_fingerprint}
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+        # Between these two renames a crash leaves the previous checkpoint under .<name>.old-<pid>.
+        old = checkpoint.with_name(f".{checkpoint.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        if checkpoint.exists():
+            os.replace(checkpoint, old)
+        os.replace(tmp, checkpoint)
+        shutil.rmtree(old, ignore_errors=True)
+        return checkpoint
