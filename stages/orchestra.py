@@ -504,7 +504,8 @@ def evaluate(run: OrchestraRun, layout: Layout, tasks: Path, adapter: Path, base
              + ("a malformed turn ends its episode." if run.evaluation.end_on_malformed
                 else "a malformed turn is answered with an <error> block and retried within Tmax."),
              "mode_*: share of episodes in each behaviour mode (004 App. E, Tab. 14).",
-             "Baseline rows: reports/orchestra/baselines.md says how each was fitted and chosen."]
+             "Baseline rows: reports/orchestra/baselines.md says how each was fitted and chosen.",
+             "val rows: the controller only, the promotion gate's evidence (the baselines chose their λ there)."]
     reports = write_results_report(table, layout.orchestra_results, layout.orchestra_results_markdown, book.version,
                                    notes)
     metrics = {f"{col}/{row.split}/{row.policy}": float(getattr(row, col))

@@ -69,9 +69,10 @@ def test_orchestra_flow_end_to_end(workdir):
     controller = turns[turns.actor == "controller"]
     assert (controller.completion_tokens <= 48).all() and controller.groupby("episode_id").size().max() <= 3
 
-    # one table: the controller before and after SFT beside the baselines, on test and OOD only
+    # one table: the controller before and after SFT beside the baselines on test and OOD; on val (the
+    # gate's evidence) the controller's rows only
     table = pd.read_csv(workdir / "reports/orchestra/results.csv")
-    assert set(table.split) == {"test", "ood"}
+    assert set(table.split) == {"val", "test", "ood"} and set(table[table.split == "val"].kind) == {"orchestrator"}
     for split in ("test", "ood"):
         rows = table[table.split == split].set_index("policy")
         assert {"orchestrator-base", "orchestrator-sft", "uniform_random", "mtrouter"} <= set(rows.index)
