@@ -586,6 +586,7 @@ def register(run: OrchestraRun, layout: Layout, tasks: Path, adapter: Path, eval
 RL_RUN_FILE = "rl_run.json"  # what the checkpoints under data/orchestra/rl were trained with
 RL_RESULT_FILE = "rl_result.json"
 RL_PROGRESS_FILE = "rl_progress.json"  # in each checkpoint: the step records and the √c cost buffer
+RL_ROLLOUTS_FILE = "rollouts.jsonl"  # every step's episode rows and turn rows
 RL_CHECKPOINTS = "checkpoints"
 RL_KEEP_CHECKPOINTS = 2
 
@@ -670,9 +671,10 @@ def rollout_group(results: list, normaliser, task_id: str):
     return RolloutGroup(tuple(rollouts), task=task_id)
 
 
-def rollout_metrics(results: list, group, alpha: float) -> dict[str, float]:
+def rollout_metrics(results: list, group, alpha: float, workers: list[str] = ()) -> dict[str, float]:
     """The group's reward components and behaviour: mean V, mean C (normalised), mean R = V − αC, USD,
-    success rate, controller turns, malformed turns, and each worker's share of the worker calls."""
+    success rate, controller turns, malformed turns, and each worker's share of the worker calls (the
+    usage ratios; every pool worker in `workers` is logged, 0 when not called)."""
     import numpy as np
 
     calls = [row["worker"] for r in results for row in r.turns if row["actor"] == WORKER_ACTOR]
@@ -685,12 +687,13 @@ def rollout_metrics(results: list, group, alpha: float) -> dict[str, float]:
                "controller_turns_mean": float(np.mean([len(r.controller_turns) for r in results])),
                "malformed_turns_mean": float(np.mean([r.malformed_turns for r in results])),
                "worker_calls_mean": len(calls) / len(results)}
-    for worker in sorted(set(calls)):
-        metrics[f"usage/{worker}"] = calls.count(worker) / len(calls)
+    for worker in sorted(set(calls) | set(workers)):
+        metrics[f"usage/{worker}"] = calls.count(worker) / len(calls) if calls else 0.0
     return metrics
 
 
-async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: str, normaliser) -> dict:
+async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: str, normaliser,
+                  rollouts: Path) -> dict:
     """One Agentic-GRPO step: G rollouts of `task` sampled from the current policy through the real
     executor and workers, their turn advantages, one clipped-ratio update (models/orchestrator/rl.py)."""
     import time
@@ -719,11 +722,14 @@ async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: st
     # at the update of a synchronous loop).
     batch = dataclasses.replace(batch, old_known=torch.zeros_like(batch.old_known))
     stats = trainer.step(trainer.prepare(batch))
+    with open(rollouts, "a") as fh:  # what the step trained on, for inspection (not a resume journal)
+        for r in results:
+            fh.write(json.dumps({"step": n, "episode": r.episode, "turns": r.turns}, default=str) + "\n")
     return {"step": n, "task_id": task.task_id, "episodes": [r.episode["episode_id"] for r in results],
             "scores": [float(r.episode["score"]) for r in results],
             "advantages": [[round(float(x), 6) for x in a] for a in advantages],
             "truncated": batch.truncated, **{k: v for k, v in stats.items() if k not in ("step", "seconds")},
-            **rollout_metrics(results, group, cfg.advantages.alpha), "rollout_seconds": rollout_seconds,
+            **rollout_metrics(results, group, cfg.advantages.alpha, sorted(executor.workers)), "rollout_seconds": rollout_seconds,
             "update_seconds": stats["seconds"], "step_seconds": time.perf_counter() - started}
 
 
@@ -784,6 +790,11 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
         resumed_from = None
         trainer = RLTrainer.create(settings, base_model_folder(lm.model, layout.model_cache), Path(adapter))
 
+    # Every step's episodes and turn rows; a resumed run keeps those of the steps its checkpoint holds.
+    rollouts_file = out_dir / RL_ROLLOUTS_FILE
+    kept = [line for line in (rollouts_file.read_text().splitlines() if rollouts_file.is_file() else [])
+            if line.strip() and json.loads(line)["step"] <= (resumed_from or 0)]
+    schema.write_text_atomic("".join(line + "\n" for line in kept), rollouts_file)
     generation = dataclasses.replace(lm.controller, temperature=settings.temperature, top_p=1.0)
     executor_config = ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit,
                                      controller_max_tokens=lm.controller.max_new_tokens,
@@ -809,7 +820,8 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
                     try:
                         while not trainer.finished:
                             task = task_list[trainer.step_count % len(task_list)]
-                            steps.append(await rl_step(trainer, executor, cfg, generation, task, run_id, normaliser))
+                            steps.append(await rl_step(trainer, executor, cfg, generation, task, run_id, normaliser,
+                                                       rollouts_file))
                             tracker(steps[-1])
                             log.info("RL step %d/%d on %s: loss %.4f, mean V %.2f, %.1f s", trainer.step_count,
                                      settings.max_steps, task.task_id, steps[-1]["loss"],
@@ -837,7 +849,7 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
     write_manifest(layout.orchestra_manifests, "orchestra-rl",
                    {"rl": run.rl, "model": run.model, "controller": run.controller, "mlflow_run": mlflow_run or ""},
                    [Path(rl_tasks), *sorted(Path(adapter).glob("*"))],
-                   [*sorted(adapter_out.glob("*")), result_file], metrics)
+                   [*sorted(adapter_out.glob("*")), result_file, rollouts_file], metrics)
     return adapter_out
 
 

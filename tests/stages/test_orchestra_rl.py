@@ -105,16 +105,23 @@ def test_rl_stage_trains_the_sft_adapter_on_train_rollouts_tracks_every_step_and
     assert moved or all(a == 0 for s in steps for adv in s["advantages"] for a in adv)
     assert (layout.orchestra_rl_run / "checkpoints/step-000002/adapter/adapter_model.safetensors").is_file()
     assert (layout.orchestra_manifests / "orchestra-rl.json").is_file()
+    rolled = [json.loads(line) for line in (layout.orchestra_rl_run / "rollouts.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rolled] == [1, 1, 2, 2]
+    assert {r["episode"]["split"] for r in rolled} == {"train"} and {r["episode"]["task_id"] for r in rolled} <= train_ids
+    assert {r["episode"]["policy_version"] for r in rolled} == {"rl-step1", "rl-step2"}  # the policy of each step
+    assert {k for k in steps[0] if k.startswith("usage/")} == {"usage/python", "usage/smol-cot", "usage/smol-direct",
+                                                                "usage/sympy"}
 
     client = mlflow.tracking.MlflowClient()
     [tracked] = mlflow.search_runs(experiment_names=["orchestra-rl-test"], output_format="list")
     for key in ("loss", "kl", "clip_fraction", "reward/verifier_mean", "reward/cost_mean", "success_rate",
-                "controller_turns_mean"):
+                "controller_turns_mean", "usage/smol-direct"):
         assert [m.step for m in client.get_metric_history(tracked.info.run_id, key)] == [1, 2], key
 
     again = rl(run, layout, layout.orchestra_rl_tasks, sft_adapter)  # resumes at max_steps: no new step
     rerun = json.loads(layout.orchestra_rl_result.read_text())
     assert rerun["resumed_from_step"] == 2 and rerun["global_step"] == 2 and rerun["steps"] == steps
+    assert len((layout.orchestra_rl_run / "rollouts.jsonl").read_text().splitlines()) == 4  # kept on resume
     assert again == adapter and load_file(adapter / "adapter_model.safetensors").keys() == end.keys()
     with pytest.raises(RouteropsError, match="settings"):  # other settings are refused, not mixed in
         rl(small_run(tmp_path, max_steps=3), layout, layout.orchestra_rl_tasks, sft_adapter)
