@@ -125,3 +125,44 @@ def test_rl_stage_trains_the_sft_adapter_on_train_rollouts_tracks_every_step_and
     assert again == adapter and load_file(adapter / "adapter_model.safetensors").keys() == end.keys()
     with pytest.raises(RouteropsError, match="settings"):  # other settings are refused, not mixed in
         rl(small_run(tmp_path, max_steps=3), layout, layout.orchestra_rl_tasks, sft_adapter)
+
+
+def test_the_demo_and_paper_rl_sections_load_with_the_papers_values_where_it_gives_them():
+    from models.orchestrator.rl import rl_config
+    from stages.orchestra import load_run
+
+    demo = rl_config(load_run(REPO / "params.yaml").rl)
+    paper = rl_config(load_run(REPO / "configs/paper/orchestra.yaml").rl)
+    assert demo.advantages.estimator == paper.advantages.estimator == "agentic_grpo"
+    assert (demo.group_size, demo.settings.max_steps, demo.settings.save_steps, demo.settings.temperature) == (4, 2, 1, 0.7)
+    assert (paper.group_size, paper.settings.clip_epsilon, paper.settings.kl_beta, paper.advantages.alpha) == (8, 0.2, 1e-3, 0.1)
+
+
+def test_the_rollout_group_takes_v_from_the_verifier_and_c_per_turn_from_its_rows():
+    from types import SimpleNamespace
+
+    from models.orchestrator.advantages import CostNormaliser
+    from stages.orchestra import rollout_group, rollout_metrics
+
+    def result(score, rows):
+        cost = sum(r["cost_usd"] for r in rows)
+        return SimpleNamespace(episode={"score": score, "cost_usd": cost, "success": score == 1},
+                               turns=rows, controller_turns=[r for r in rows if r["actor"] == "controller"],
+                               malformed_turns=0)
+
+    plan = [{"actor": "controller", "primitive": "plan", "cost_usd": 1e-4, "worker": "orchestrator"},
+            {"actor": "worker", "primitive": "answer", "cost_usd": 3e-4, "worker": "smol-direct"},
+            {"actor": "controller", "primitive": "final_answer", "cost_usd": 1e-4, "worker": "orchestrator"}]
+    lazy = [{"actor": "controller", "primitive": "final_answer", "cost_usd": 4e-4, "worker": "orchestrator"}]
+    normaliser = CostNormaliser(percentile=100)
+    group = rollout_group([result(1.0, plan), result(0.0, lazy)], normaliser, "t")
+    first, second = group.rollouts
+    assert first.verifier == 1.0 and second.verifier == 0.0
+    scale = (5e-4) ** 0.5  # the 100th percentile of √c over the two episodes (5e-4 and 4e-4 USD)
+    assert first.cost == pytest.approx(1.0) and second.cost == pytest.approx((4e-4) ** 0.5 / scale)
+    assert [t.cost for t in first.turns] == pytest.approx([(4e-4) ** 0.5 / scale, (1e-4) ** 0.5 / scale])
+    assert [(t.action, t.progress) for t in first.turns] == [("plan", 0.0), ("final_answer", 1.0)]
+    assert [(t.action, t.progress) for t in second.turns] == [("final_answer", 0.0)]
+    metrics = rollout_metrics([result(1.0, plan), result(0.0, lazy)], group, 0.1, ["python", "smol-direct"])
+    assert metrics["usage/smol-direct"] == 1.0 and metrics["usage/python"] == 0.0
+    assert metrics["success_rate"] == 0.5 and metrics["controller_turns_mean"] == 1.5
