@@ -234,6 +234,20 @@ class Layout:
         return self.orchestra_sft_run / "adapter"
 
     @property
+    def orchestra_rl_run(self) -> Path:
+        """The RL run (orchestra-rl): `checkpoints/` (resume), `adapter/`, rl_run.json and rl_result.json."""
+        return self.orchestra_data / "rl"
+
+    @property
+    def orchestra_rl_adapter(self) -> Path:
+        """The RL'd controller's LoRA adapter (PEFT folder, tokenizer included)."""
+        return self.orchestra_rl_run / "adapter"
+
+    @property
+    def orchestra_rl_result(self) -> Path:
+        return self.orchestra_rl_run / "rl_result.json"
+
+    @property
     def orchestra_eval(self) -> Trajectories:
         """The LM controller's episodes, before and after SFT, on the val, test and OOD tasks."""
         return Trajectories.under(self.orchestra_data / "eval")

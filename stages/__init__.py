@@ -52,6 +52,7 @@ STAGES: dict[str, Stage] = {
     "orchestra-baselines": Stage(orchestra.baselines, orchestra.load_run, lambda L: (L.orchestra_tasks,)),
     "orchestra-probe": Stage(orchestra.probe, orchestra.load_run, lambda L: (L.orchestra_tasks,)),
     "orchestra-sft": Stage(orchestra.sft, orchestra.load_run, lambda L: (L.orchestra_sft,)),
+    "orchestra-rl": Stage(orchestra.rl, orchestra.load_run, lambda L: (L.orchestra_rl_tasks, L.orchestra_adapter)),
     "orchestra-evaluate": Stage(orchestra.evaluate, orchestra.load_run,
                                 lambda L: (L.orchestra_tasks, L.orchestra_adapter, L.orchestra_baselines_table)),
     "orchestra-register": Stage(orchestra.register, orchestra.load_run,

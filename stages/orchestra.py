@@ -1,6 +1,8 @@
 """The orchestrator's stages (paper 004, Uno-Orchestra §4): tasks → baselines, teacher, probe → verifier
 filter → SFT → evaluate → register.
 
+orchestra-rl (`rl`) continues from the SFT adapter with Agentic-GRPO on train tasks (004 §4.2, App. B).
+
 Each is `stage(run, layout, *inputs) -> outputs` like every other stage (stages/pipeline.py): the
 Prefect tasks of flows/orchestra.py and `routerops stage orchestra-…` (dvc.yaml) call them. Defaults
 live in params.yaml, section `orchestra` (small scale for this CPU); configs/paper/orchestra.yaml is
@@ -32,7 +34,8 @@ from evaluation.registry import Judged, register_and_promote
 from evaluation.sft_tracking import train_sft_tracked
 from evaluation.tracking import use_tracking
 from models.orchestrator.config import OrchestraConfig, orchestra_config
-from models.orchestrator.lm import LMController, resolve_device
+from models.orchestrator.lm import LMController, base_model_folder, resolve_device
+from models.orchestrator.rl import rl_config
 from models.orchestrator.sft import RESULT_FILE, holds_other_run
 from routerops import schema
 from routerops.config import TrackConfig, load_params
@@ -46,7 +49,7 @@ from routerops.orchestra.curriculum import (
     REASON_CODES, STRATEGY_SEPARATOR, collect_episodes, curriculum_expectations, filter_curriculum, sft_records,
 )
 from routerops.orchestra.endpoint import EndpointController
-from routerops.orchestra.executor import Executor, ExecutorConfig
+from routerops.orchestra.executor import WORKER_ACTOR, Executor, ExecutorConfig
 from routerops.orchestra.teacher import teacher_controllers
 from routerops.promotion import GateConfig, Outcomes
 from routerops.pricing import check_pool_priced, load_pool, load_price_book
@@ -157,6 +160,7 @@ class OrchestraRun:
     model: dict = field(default_factory=dict)
     controller: dict = field(default_factory=dict)
     sft: dict = field(default_factory=dict)
+    rl: dict = field(default_factory=dict)  # orchestra.rl: models/orchestrator/rl.py rl_config (estimator + update)
     track: TrackConfig = field(default_factory=TrackConfig)  # params.yaml's `track` section, not `orchestra`
 
 
@@ -166,6 +170,7 @@ def load_run(path: str | Path = "params.yaml") -> OrchestraRun:
         raise InputError(path, "orchestra.track", "unknown key (tracking is the top-level `track` section)")
     run = _build(OrchestraRun, raw, path, "orchestra")
     lm_config(run, path)  # the LM sections are checked at load too, before any stage runs
+    rl_config(run.rl, str(path))
     return dataclasses.replace(run, track=load_params(path, sections=("track",)).track)
 
 
@@ -187,6 +192,7 @@ def check_run(run: OrchestraRun, layout: Layout, params: Path) -> None:
     lm = lm_config(run, params)
     resolve_device(lm.controller.device, f"{params}: orchestra.controller")
     resolve_device(lm.sft.device, f"{params}: orchestra.sft")
+    resolve_device(rl_config(run.rl, str(params)).settings.device, f"{params}: orchestra.rl")
 
 
 def lm_config(run: OrchestraRun, source: str | Path = "params.yaml") -> OrchestraConfig:
@@ -573,3 +579,343 @@ def register(run: OrchestraRun, layout: Layout, tasks: Path, adapter: Path, eval
     log.info("%s v%s: %s — %s", registered.name, registered.version,
              "promoted" if decision.promote else "refused", decision.reason)
     return layout.orchestra_registry
+
+
+# ---------------------------------------------------------------- stage: RL (Agentic-GRPO)
+
+
+RL_RUN_FILE = "rl_run.json"  # what the checkpoints under data/orchestra/rl were trained with
+RL_RESULT_FILE = "rl_result.json"
+RL_PROGRESS_FILE = "rl_progress.json"  # in each checkpoint: the step records and the √c cost buffer
+RL_ROLLOUTS_FILE = "rollouts.jsonl"  # every step's episode rows and turn rows
+RL_CHECKPOINTS = "checkpoints"
+RL_KEEP_CHECKPOINTS = 2
+
+
+def rl_task_order(layout: Layout, rl_tasks: Path) -> list:
+    """The RL curriculum in the order it is visited: D_RL (the filter's rl_tasks.jsonl: tasks the teacher
+    solved but π(0) did not, or that no SFT trajectory covers) first, then D_SFT's tasks. Train tasks only:
+    a val, test or OOD task here would leak the gate's or the report's tasks into training; refused."""
+    from models.orchestrator.sft_data import read_conversations
+
+    chosen = list(read_tasks(rl_tasks)) if Path(rl_tasks).is_file() and Path(rl_tasks).stat().st_size else []
+    if layout.orchestra_sft.is_file() and layout.orchestra_sft.stat().st_size:
+        by_id = {t.task_id: t for t in read_tasks(layout.orchestra_tasks)}
+        for task_id in dict.fromkeys(c.task_id for c in read_conversations(layout.orchestra_sft)):
+            if task_id not in by_id:
+                raise InputError(layout.orchestra_sft, "task_id", f"{task_id!r} is not a task of {layout.orchestra_tasks}")
+            chosen.append(by_id[task_id])
+    chosen = list({t.task_id: t for t in chosen}.values())  # first occurrence wins, order kept
+    leaked = [t for t in chosen if t.split != "train"]
+    if leaked:
+        raise RouteropsError(f"the RL curriculum holds {leaked[0].split} task {leaked[0].task_id!r}: RL trains on "
+                             "train tasks only (val gates promotion, test and OOD are reported)")
+    if not chosen:
+        raise InputError(rl_tasks, "tasks", f"no train task to roll out (D_RL is empty and {layout.orchestra_sft} "
+                                            "names none)")
+    return chosen
+
+
+def rl_run_record(run: OrchestraRun, lm: OrchestraConfig, cfg, tasks: list, adapter: Path) -> dict:
+    """What the RL run's steps depend on; a rerun with another record is refused."""
+    from models.orchestrator.rl import adapter_fingerprint
+
+    record = {"settings": dataclasses.asdict(cfg.settings), "advantages": dataclasses.asdict(cfg.advantages),
+              "rollouts": {"budget_usd": run.budget_usd, "turn_limit": run.turn_limit, "prompt": run.prompt,
+                           "end_on_malformed": run.evaluation.end_on_malformed, "model": dataclasses.asdict(lm.model),
+                           "controller": dataclasses.asdict(lm.controller), "pool": run.pool,
+                           "price_book": run.price_book},
+              "tasks": [t.task_id for t in tasks], "sft_adapter_sha256": adapter_fingerprint(Path(adapter))}
+    return json.loads(json.dumps(record))  # tuples → lists, as read back
+
+
+def rl_checkpoints(folder: Path) -> list[Path]:
+    """Complete checkpoints (the trainer's state and the stage's progress), oldest first."""
+    from models.orchestrator.rl import STATE_FILE
+
+    found = [p for p in Path(folder).glob("step-*") if (p / STATE_FILE).is_file() and (p / RL_PROGRESS_FILE).is_file()]
+    return sorted(found, key=lambda p: int(p.name.removeprefix("step-")))
+
+
+def controller_turn_groups(turn_rows: list[dict]) -> list[list[dict]]:
+    """The episode's rows cut at each controller turn: the turn's own row, then its plan's worker calls."""
+    groups: list[list[dict]] = []
+    for row in turn_rows:
+        if row["actor"] == "controller":
+            groups.append([row])
+        elif groups:
+            groups[-1].append(row)
+    return groups
+
+
+def rollout_group(results: list, normaliser, task_id: str):
+    """The G episodes as advantages.RolloutGroup (004 App. B).
+
+    V_g: the episode's verifier score. C_g: its USD, √-normalised by the rolling percentile (the
+    normaliser is updated with this group's costs first, §4.1 / App. A.2). Per turn: C_t, the USD of
+    the controller turn and the worker calls its plan made, normalised alike; V_t (B.10's verifier-
+    confirmed progress, which the paper leaves undefined per turn) is the verifier's score on the turn
+    that gave the final answer and 0 on every other turn: the only per-turn fact a verifier confirms
+    here; the action (plan / repair / final_answer / malformed) sets B.11's comparison cohorts."""
+    from models.orchestrator.advantages import Rollout, RolloutGroup, Turn
+
+    normaliser.update([float(r.episode["cost_usd"]) for r in results])
+    rollouts = []
+    for r in results:
+        score = min(1.0, max(0.0, float(r.episode["score"])))
+        turns = []
+        for rows in controller_turn_groups(r.turns):
+            kind = rows[0]["primitive"] or "turn"
+            turns.append(Turn(cost=normaliser.normalise(sum(float(x["cost_usd"]) for x in rows)),
+                              progress=score if kind == "final_answer" else 0.0, action=kind))
+        rollouts.append(Rollout(verifier=score, cost=normaliser.normalise(float(r.episode["cost_usd"])), turns=turns))
+    return RolloutGroup(tuple(rollouts), task=task_id)
+
+
+def rollout_metrics(results: list, group, alpha: float, workers: list[str] = ()) -> dict[str, float]:
+    """The group's reward components and behaviour: mean V, mean C (normalised), mean R = V − αC, USD,
+    success rate, controller turns, malformed turns, and each worker's share of the worker calls (the
+    usage ratios; every pool worker in `workers` is logged, 0 when not called)."""
+    import numpy as np
+
+    calls = [row["worker"] for r in results for row in r.turns if row["actor"] == WORKER_ACTOR]
+    verifier = np.array([g.verifier for g in group.rollouts])
+    cost = np.array([g.cost for g in group.rollouts])
+    metrics = {"reward/verifier_mean": float(verifier.mean()), "reward/cost_mean": float(cost.mean()),
+               "reward/return_mean": float((verifier - alpha * cost).mean()),
+               "reward/usd_mean": float(np.mean([r.episode["cost_usd"] for r in results])),
+               "success_rate": float(np.mean([bool(r.episode["success"]) for r in results])),
+               "controller_turns_mean": float(np.mean([len(r.controller_turns) for r in results])),
+               "malformed_turns_mean": float(np.mean([r.malformed_turns for r in results])),
+               "worker_calls_mean": len(calls) / len(results)}
+    for worker in sorted(set(calls) | set(workers)):
+        metrics[f"usage/{worker}"] = calls.count(worker) / len(calls) if calls else 0.0
+    return metrics
+
+
+async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: str, normaliser,
+                  rollouts: Path) -> dict:
+    """One Agentic-GRPO step: G rollouts of `task` sampled from the current policy through the real
+    executor and workers, their turn advantages, one clipped-ratio update (models/orchestrator/rl.py)."""
+    import time
+
+    import torch
+
+    from models.orchestrator.advantages import turn_advantages
+    from models.orchestrator.rl import RolloutBatch
+
+    n, g = trainer.step_count + 1, cfg.group_size
+    started = time.perf_counter()
+    # The trainer's own PEFT model: each step samples the policy as the previous update left it.
+    controller = LMController(trainer.model, trainer.tokenizer,
+                              dataclasses.replace(generation, seed=generation.seed + 10_000 * n),
+                              name=CONTROLLER_NAME, version=f"rl-step{n}")
+    results = await executor.run_group(task, controller, run_id, [n * g + i for i in range(g)])
+    rollout_seconds = time.perf_counter() - started
+    group = rollout_group(results, normaliser, task.task_id)
+    advantages = turn_advantages(cfg.advantages, group)
+    batch = RolloutBatch.from_conversations(trainer.tokenizer, [r.messages for r in results],
+                                            [a.tolist() for a in advantages],
+                                            turns=[r.controller_turns for r in results],
+                                            max_length=cfg.settings.max_seq_len)
+    # The turns let the batch drop a template end token the policy never chose (a turn cut at
+    # max_new_tokens); old log-probs are still recomputed by the trainer (RolloutBatch: exact ρ = 1
+    # at the update of a synchronous loop).
+    batch = dataclasses.replace(batch, old_known=torch.zeros_like(batch.old_known))
+    stats = trainer.step(trainer.prepare(batch))
+    with open(rollouts, "a") as fh:  # what the step trained on, for inspection (not a resume journal)
+        for r in results:
+            fh.write(json.dumps({"step": n, "episode": r.episode, "turns": r.turns}, default=str) + "\n")
+    return {"step": n, "task_id": task.task_id, "episodes": [r.episode["episode_id"] for r in results],
+            "scores": [float(r.episode["score"]) for r in results],
+            "advantages": [[round(float(x), 6) for x in a] for a in advantages],
+            "truncated": batch.truncated, **{k: v for k, v in stats.items() if k not in ("step", "seconds")},
+            **rollout_metrics(results, group, cfg.advantages.alpha, sorted(executor.workers)), "rollout_seconds": rollout_seconds,
+            "update_seconds": stats["seconds"], "step_seconds": time.perf_counter() - started}
+
+
+STEP_KEYS_NOT_LOGGED = ("step", "task_id", "episodes", "scores", "advantages")
+
+
+def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path:
+    """Agentic-GRPO on the SFT'd controller (004 §4.2, App. B), tracked in MLflow per step.
+
+    Step n: the next train task of the curriculum (`rl_task_order`, cycled), G rollouts of it sampled
+    at orchestra.rl.temperature from the current policy through the real executor and workers, the
+    RolloutGroup (V, C, per-turn costs), turn advantages of orchestra.rl.estimator, one update of the
+    LoRA policy (clipped ratio + β·KL to the frozen SFT adapter). Checkpoints every save_steps (and at
+    the end) under data/orchestra/rl/checkpoints; a rerun continues from the last one and refuses other
+    settings, tasks or SFT adapter. Writes data/orchestra/rl/adapter and rl_result.json."""
+    import asyncio
+    import time
+
+    from models.orchestrator.advantages import CostNormaliser
+    from models.orchestrator.rl import ADAPTER_DIR, RLTrainer
+
+    params = layout.resolve("params.yaml")
+    lm, cfg = lm_config(run, params), rl_config(run.rl, str(params))
+    settings = cfg.settings
+    task_list = rl_task_order(layout, rl_tasks)
+    pool_file, book_file = layout.resolve(run.pool), layout.resolve(run.price_book)
+    pool, book = load_pool(pool_file), load_price_book(book_file)
+    check_pool_priced(pool, book, book_file)
+    if CONTROLLER_NAME not in book.prices:
+        raise InputError(book_file, f"prices.{CONTROLLER_NAME}", "the LM controller's turns need a price")
+    check_pool_runnable(pool)
+    if lm.controller.batch_size < cfg.group_size:
+        log.warning("orchestra.controller.batch_size %d < G = %d: a round takes several generate() calls",
+                    lm.controller.batch_size, cfg.group_size)
+
+    out_dir, checkpoints = layout.orchestra_rl_run, layout.orchestra_rl_run / RL_CHECKPOINTS
+    record = rl_run_record(run, lm, cfg, task_list, Path(adapter))
+    run_file = out_dir / RL_RUN_FILE
+    saved = rl_checkpoints(checkpoints)
+    if saved:
+        previous = json.loads(run_file.read_text()) if run_file.is_file() else None
+        if previous != record:
+            changed = sorted(k for k in record if not previous or previous.get(k) != record[k])
+            raise RouteropsError(f"{checkpoints} holds an RL run with other {', '.join(changed)}; delete "
+                                 f"{out_dir} to start a new run")
+    else:
+        shutil_rmtree(checkpoints)
+        schema.write_json_atomic(record, run_file)
+
+    normaliser, steps = CostNormaliser.for_config(cfg.advantages), []
+    if saved:
+        progress = json.loads((saved[-1] / RL_PROGRESS_FILE).read_text())
+        steps, resumed_from = progress["steps"], int(progress["step"])
+        normaliser.root_costs.extend(progress["root_costs"])
+        trainer = RLTrainer.resume(saved[-1], settings)
+        log.info("resuming RL from %s (step %d of %d)", saved[-1], resumed_from, settings.max_steps)
+    else:
+        resumed_from = None
+        trainer = RLTrainer.create(settings, base_model_folder(lm.model, layout.model_cache), Path(adapter))
+
+    # Every step's episodes and turn rows; a resumed run keeps those of the steps its checkpoint holds.
+    rollouts_file = out_dir / RL_ROLLOUTS_FILE
+    kept = [line for line in (rollouts_file.read_text().splitlines() if rollouts_file.is_file() else [])
+            if line.strip() and json.loads(line)["step"] <= (resumed_from or 0)]
+    schema.write_text_atomic("".join(line + "\n" for line in kept), rollouts_file)
+    generation = dataclasses.replace(lm.controller, temperature=settings.temperature, top_p=1.0)
+    executor_config = ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit,
+                                     controller_max_tokens=lm.controller.max_new_tokens,
+                                     end_on_malformed=run.evaluation.end_on_malformed, prompt=run.prompt)
+    run_id = rollout_run_id(run, layout, "rl", run_inputs(run, layout, Path(rl_tasks), *sorted(Path(adapter).glob("*"))))
+
+    def checkpoint() -> Path:
+        path = trainer.save(checkpoints / f"step-{trainer.step_count:06d}")
+        schema.write_json_atomic({"step": trainer.step_count, "steps": steps,
+                                  "root_costs": list(normaliser.root_costs)}, path / RL_PROGRESS_FILE)
+        for stale in rl_checkpoints(checkpoints)[:-RL_KEEP_CHECKPOINTS]:
+            shutil_rmtree(stale)
+        return path
+
+    with rl_tracking(run, record, resumed_from) as tracker:
+        for past in steps:  # a resumed run's MLflow run holds the whole curve
+            tracker(past)
+        started = time.perf_counter()
+        if not trainer.finished:
+            with _workers(pool, run.evaluation.server_ctx, run.evaluation.server_threads) as workers:
+                async def loop():
+                    executor = Executor(pool, workers, book, executor_config)
+                    try:
+                        while not trainer.finished:
+                            task = task_list[trainer.step_count % len(task_list)]
+                            steps.append(await rl_step(trainer, executor, cfg, generation, task, run_id, normaliser,
+                                                       rollouts_file))
+                            tracker(steps[-1])
+                            log.info("RL step %d/%d on %s: loss %.4f, mean V %.2f, %.1f s", trainer.step_count,
+                                     settings.max_steps, task.task_id, steps[-1]["loss"],
+                                     steps[-1]["reward/verifier_mean"], steps[-1]["step_seconds"])
+                            if trainer.checkpoint_due or trainer.finished:
+                                checkpoint()
+                    finally:
+                        await close_workers(workers)
+
+                asyncio.run(loop())
+        last = rl_checkpoints(checkpoints)[-1]
+        adapter_out = layout.orchestra_rl_adapter
+        copy_tree_atomic(last / ADAPTER_DIR, adapter_out)
+        result = {"global_step": trainer.step_count, "resumed_from_step": resumed_from,
+                  "train_seconds": round(time.perf_counter() - started, 3), "checkpoint": str(last),
+                  "adapter_dir": str(adapter_out), "sft_adapter": str(adapter), "group_size": cfg.group_size,
+                  "estimator": cfg.advantages.estimator, "tasks": record["tasks"], "steps": steps}
+        result_file = schema.write_json_atomic(result, out_dir / RL_RESULT_FILE)
+        mlflow_run = tracker.finish(adapter_out, result_file)
+    metrics = {"global_step": trainer.step_count, "steps_run": trainer.step_count - (resumed_from or 0)}
+    if steps:
+        metrics.update(first_loss=steps[0]["loss"], last_loss=steps[-1]["loss"],
+                       seconds_per_step=sum(s["step_seconds"] for s in steps) / len(steps),
+                       verifier_mean=sum(s["reward/verifier_mean"] for s in steps) / len(steps))
+    write_manifest(layout.orchestra_manifests, "orchestra-rl",
+                   {"rl": run.rl, "model": run.model, "controller": run.controller, "mlflow_run": mlflow_run or ""},
+                   [Path(rl_tasks), *sorted(Path(adapter).glob("*"))],
+                   [*sorted(adapter_out.glob("*")), result_file, rollouts_file], metrics)
+    return adapter_out
+
+
+def shutil_rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def copy_tree_atomic(source: Path, target: Path) -> Path:
+    """`source` copied beside `target`, then renamed into place (a reader never sees half a folder)."""
+    import os
+    import shutil
+
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return target
+
+
+class _RLTracker:
+    """Per-step metrics to the active MLflow run (or nowhere), the adapter and result at the end."""
+
+    def __init__(self, active: bool):
+        self.active = active
+        self.run_id = None
+
+    def __call__(self, step: dict) -> None:
+        if self.active:
+            import mlflow
+
+            mlflow.log_metrics({k: float(v) for k, v in step.items() if k not in STEP_KEYS_NOT_LOGGED
+                                and isinstance(v, (int, float))}, step=int(step["step"]))
+
+    def finish(self, adapter: Path, result_file: Path) -> str | None:
+        if not self.active:
+            return None
+        import mlflow
+
+        mlflow.log_artifacts(str(adapter), artifact_path="adapter")
+        mlflow.log_artifact(str(result_file))
+        return self.run_id
+
+
+@contextlib.contextmanager
+def rl_tracking(run: OrchestraRun, record: dict, resumed_from: int | None):
+    """An MLflow run `orchestra-rl` when a tracking store is set (params.yaml's track, or
+    MLFLOW_TRACKING_URI), holding the run's settings as params and every step's metrics."""
+    from evaluation.sft_tracking import tracking_requested
+
+    if not tracking_requested(run.track):
+        yield _RLTracker(False)
+        return
+    import mlflow
+
+    from evaluation.tracking import flatten, git_commit
+
+    use_tracking(run.track)
+    with mlflow.start_run(run_name="orchestra-rl", nested=mlflow.active_run() is not None) as active:
+        params = {k: v for k, v in record.items() if k != "tasks"}
+        mlflow.log_params({k: str(v)[:500] for k, v in flatten(params).items()})
+        mlflow.set_tags({"git_commit": git_commit(), "stage": "orchestra-rl", "tasks": len(record["tasks"]),
+                         "resumed_from_step": str(resumed_from)})
+        tracker = _RLTracker(True)
+        tracker.run_id = active.info.run_id
+        yield tracker

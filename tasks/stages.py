@@ -39,5 +39,8 @@ orchestra_filter_task = task(orchestra.verifier_filter, name="orchestra-verifier
 # The LM controller's rollouts call live workers and resume from their journal: a retry never duplicates.
 orchestra_probe_task = task(orchestra.probe, name="orchestra-probe", retries=1, retry_delay_seconds=5)
 orchestra_sft_task = task(orchestra.sft, name="orchestra-sft")  # resumes from its last checkpoint when rerun
+# RL rolls out through live workers and resumes from its last checkpoint; not retried (a retry would
+# redo the steps since that checkpoint with new samples, which is correct but costs their time twice).
+orchestra_rl_task = task(orchestra.rl, name="orchestra-rl")
 orchestra_evaluate_task = task(orchestra.evaluate, name="orchestra-evaluate", retries=1, retry_delay_seconds=5)
 orchestra_register_task = task(orchestra.register, name="orchestra-register")

@@ -1,0 +1,168 @@
+"""The orchestra-rl stage (stages/orchestra.py `rl`): Agentic-GRPO from an SFT adapter, at the smallest
+scale, with the real llama.cpp workers and the real SmolLM2 controller."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle threads sleep
+
+import pytest  # noqa: E402
+
+from routerops.config import TrackConfig  # noqa: E402
+from routerops.envs.suites import read_tasks, write_tasks  # noqa: E402
+from routerops.errors import RouteropsError  # noqa: E402
+from routerops.layout import Layout  # noqa: E402
+from stages.orchestra import OrchestraEvaluation, OrchestraRun, OrchestraTasks, rl_task_order, tasks  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("orchestrator_fixtures",
+                                               REPO / "tests/models/orchestrator/conftest.py")
+_fixtures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_fixtures)
+CONVERSATIONS = _fixtures.CONVERSATIONS
+
+
+def small_run(tmp_path: Path, **rl) -> OrchestraRun:
+    return OrchestraRun(
+        pool=str(REPO / "configs/pool.yaml"), price_book=str(REPO / "configs/prices/current.yaml"),
+        tasks=OrchestraTasks(families=["basic_arithmetic"], train=2, val=1, test=1, ood=1), turn_limit=2,
+        prompt="compact", evaluation=OrchestraEvaluation(end_on_malformed=True, server_threads=2),
+        controller={"max_new_tokens": 48, "batch_size": 4},
+        sft={"max_steps": 3, "learning_rate": 0.002, "warmup_steps": 0, "batch_size": 2, "max_seq_len": 512,
+             "save_steps": 100},
+        rl={"estimator": "agentic_grpo", "group_size": 2, "max_steps": 2, "save_steps": 1, "temperature": 0.7,
+            "learning_rate": 0.001, **rl},
+        track=TrackConfig(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "artifacts"),
+                          experiment="orchestra-rl-test"))
+
+
+def curriculum(run: OrchestraRun, layout: Layout) -> dict[str, list]:
+    """tasks.jsonl; D_RL = the first train task; D_SFT names the second (as the filter writes them)."""
+    by_split = {}
+    for task in read_tasks(tasks(run, layout)):
+        by_split.setdefault(task.split, []).append(task)
+    write_tasks(by_split["train"][:1], layout.orchestra_rl_tasks)
+    layout.orchestra_sft.write_text(json.dumps({"task_id": by_split["train"][1].task_id,
+                                                "messages": CONVERSATIONS[0]}) + "\n")
+    return by_split
+
+
+def test_the_rl_curriculum_is_d_rl_then_d_sft_and_refuses_any_task_outside_train(tmp_path):
+    run, layout = small_run(tmp_path), Layout(tmp_path)
+    by_split = curriculum(run, layout)
+    order = rl_task_order(layout, layout.orchestra_rl_tasks)
+    assert [t.task_id for t in order] == [t.task_id for t in by_split["train"]]
+    write_tasks([*by_split["train"][:1], by_split["val"][0]], layout.orchestra_rl_tasks)
+    with pytest.raises(RouteropsError, match="val task"):
+        rl_task_order(layout, layout.orchestra_rl_tasks)
+
+
+@pytest.mark.slow
+def test_rl_stage_trains_the_sft_adapter_on_train_rollouts_tracks_every_step_and_resumes(tmp_path, monkeypatch):
+    import mlflow
+    import torch
+    from safetensors.torch import load_file
+
+    from models.orchestrator.lm import base_model_folder
+    from models.orchestrator.sft import train_sft
+    from stages.orchestra import lm_config, rl
+
+    torch.set_num_threads(2)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    run, layout = small_run(tmp_path), Layout(tmp_path)
+    # The dense SmolLM2 the other tests share (dequantised once), seen from this layout's model cache.
+    cached = base_model_folder(lm_config(run).model)
+    layout.model_cache.mkdir(parents=True)
+    (layout.model_cache / cached.name).symlink_to(cached, target_is_directory=True)
+    by_split = curriculum(run, layout)
+    train_ids = {t.task_id for t in by_split["train"]}
+    data = tmp_path / "sft_data.jsonl"
+    data.write_text("".join(json.dumps({"task_id": f"t{i}", "messages": m}) + "\n" for i, m in enumerate(CONVERSATIONS)))
+    sft_adapter = train_sft(lm_config(run), data, tmp_path / "sft", model_cache=layout.model_cache).adapter_dir
+
+    adapter = rl(run, layout, layout.orchestra_rl_tasks, sft_adapter)
+
+    result = json.loads(layout.orchestra_rl_result.read_text())
+    steps = result["steps"]
+    assert result["global_step"] == 2 and [s["step"] for s in steps] == [1, 2]
+    assert {s["task_id"] for s in steps} <= train_ids  # D_RL's task, then D_SFT's
+    assert [s["task_id"] for s in steps] == [t.task_id for t in by_split["train"]]
+    for s in steps:
+        assert len(s["episodes"]) == 2 and all(map(lambda x: x == x and abs(x) < 1e6, [s["loss"], s["kl"]]))
+        assert 0 <= s["reward/verifier_mean"] <= 1 and 0 <= s["reward/cost_mean"] <= 1
+        assert 1 <= s["controller_turns_mean"] <= run.turn_limit
+    print("seconds per RL step:", [round(s["step_seconds"], 1) for s in steps],
+          "rollout:", [round(s["rollout_seconds"], 1) for s in steps],
+          "update:", [round(s["update_seconds"], 1) for s in steps])
+    # The policy moved away from the SFT adapter (unless no rollout differed from its group's other).
+    start, end = load_file(sft_adapter / "adapter_model.safetensors"), load_file(adapter / "adapter_model.safetensors")
+    assert start.keys() == end.keys()
+    moved = any(not torch.equal(start[k], end[k]) for k in start)
+    assert moved or all(a == 0 for s in steps for adv in s["advantages"] for a in adv)
+    assert (layout.orchestra_rl_run / "checkpoints/step-000002/adapter/adapter_model.safetensors").is_file()
+    assert (layout.orchestra_manifests / "orchestra-rl.json").is_file()
+    rolled = [json.loads(line) for line in (layout.orchestra_rl_run / "rollouts.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rolled] == [1, 1, 2, 2]
+    assert {r["episode"]["split"] for r in rolled} == {"train"} and {r["episode"]["task_id"] for r in rolled} <= train_ids
+    assert {r["episode"]["policy_version"] for r in rolled} == {"rl-step1", "rl-step2"}  # the policy of each step
+    assert {k for k in steps[0] if k.startswith("usage/")} == {"usage/python", "usage/smol-cot", "usage/smol-direct",
+                                                                "usage/sympy"}
+
+    client = mlflow.tracking.MlflowClient()
+    [tracked] = mlflow.search_runs(experiment_names=["orchestra-rl-test"], output_format="list")
+    for key in ("loss", "kl", "clip_fraction", "reward/verifier_mean", "reward/cost_mean", "success_rate",
+                "controller_turns_mean", "usage/smol-direct"):
+        assert [m.step for m in client.get_metric_history(tracked.info.run_id, key)] == [1, 2], key
+
+    again = rl(run, layout, layout.orchestra_rl_tasks, sft_adapter)  # resumes at max_steps: no new step
+    rerun = json.loads(layout.orchestra_rl_result.read_text())
+    assert rerun["resumed_from_step"] == 2 and rerun["global_step"] == 2 and rerun["steps"] == steps
+    assert len((layout.orchestra_rl_run / "rollouts.jsonl").read_text().splitlines()) == 4  # kept on resume
+    assert again == adapter and load_file(adapter / "adapter_model.safetensors").keys() == end.keys()
+    with pytest.raises(RouteropsError, match="settings"):  # other settings are refused, not mixed in
+        rl(small_run(tmp_path, max_steps=3), layout, layout.orchestra_rl_tasks, sft_adapter)
+
+
+def test_the_demo_and_paper_rl_sections_load_with_the_papers_values_where_it_gives_them():
+    from models.orchestrator.rl import rl_config
+    from stages.orchestra import load_run
+
+    demo = rl_config(load_run(REPO / "params.yaml").rl)
+    paper = rl_config(load_run(REPO / "configs/paper/orchestra.yaml").rl)
+    assert demo.advantages.estimator == paper.advantages.estimator == "agentic_grpo"
+    assert (demo.group_size, demo.settings.max_steps, demo.settings.save_steps, demo.settings.temperature) == (4, 2, 1, 0.7)
+    assert (paper.group_size, paper.settings.clip_epsilon, paper.settings.kl_beta, paper.advantages.alpha) == (8, 0.2, 1e-3, 0.1)
+
+
+def test_the_rollout_group_takes_v_from_the_verifier_and_c_per_turn_from_its_rows():
+    from types import SimpleNamespace
+
+    from models.orchestrator.advantages import CostNormaliser
+    from stages.orchestra import rollout_group, rollout_metrics
+
+    def result(score, rows):
+        cost = sum(r["cost_usd"] for r in rows)
+        return SimpleNamespace(episode={"score": score, "cost_usd": cost, "success": score == 1},
+                               turns=rows, controller_turns=[r for r in rows if r["actor"] == "controller"],
+                               malformed_turns=0)
+
+    plan = [{"actor": "controller", "primitive": "plan", "cost_usd": 1e-4, "worker": "orchestrator"},
+            {"actor": "worker", "primitive": "answer", "cost_usd": 3e-4, "worker": "smol-direct"},
+            {"actor": "controller", "primitive": "final_answer", "cost_usd": 1e-4, "worker": "orchestrator"}]
+    lazy = [{"actor": "controller", "primitive": "final_answer", "cost_usd": 4e-4, "worker": "orchestrator"}]
+    normaliser = CostNormaliser(percentile=100)
+    group = rollout_group([result(1.0, plan), result(0.0, lazy)], normaliser, "t")
+    first, second = group.rollouts
+    assert first.verifier == 1.0 and second.verifier == 0.0
+    scale = (5e-4) ** 0.5  # the 100th percentile of √c over the two episodes (5e-4 and 4e-4 USD)
+    assert first.cost == pytest.approx(1.0) and second.cost == pytest.approx((4e-4) ** 0.5 / scale)
+    assert [t.cost for t in first.turns] == pytest.approx([(4e-4) ** 0.5 / scale, (1e-4) ** 0.5 / scale])
+    assert [(t.action, t.progress) for t in first.turns] == [("plan", 0.0), ("final_answer", 1.0)]
+    assert [(t.action, t.progress) for t in second.turns] == [("final_answer", 0.0)]
+    metrics = rollout_metrics([result(1.0, plan), result(0.0, lazy)], group, 0.1, ["python", "smol-direct"])
+    assert metrics["usage/smol-direct"] == 1.0 and metrics["usage/python"] == 0.0
+    assert metrics["success_rate"] == 0.5 and metrics["controller_turns_mean"] == 1.5
