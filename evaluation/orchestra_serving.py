@@ -64,7 +64,7 @@ class ServedOrchestrator:
     @classmethod
     def from_files(cls, spec: ModelSpec, settings: GenerationSettings, adapter: Path, pool_file: Path,
                    book_file: Path, limits: Episodes, cache_root: Path | None = None) -> "ServedOrchestrator":
-        controller = LMController.load(spec, settings, adapter, cache_root, name=REGISTERED_NAME, version="sft")
+        controller = LMController.load(spec, settings, adapter, cache_root, name=REGISTERED_NAME, version="served")
         return cls(controller, spec, adapter, load_pool(pool_file), load_price_book(book_file), pool_file,
                    book_file, limits)
 

@@ -1,5 +1,5 @@
 """The orchestrator flow (paper 004, Uno-Orchestra §4): tasks → baselines, teacher, probe π(0) →
-verifier filter → SFT → evaluate before and after SFT → register.
+verifier filter → SFT → RL (Agentic-GRPO) → evaluate before SFT, after SFT and after RL → register.
 
 `python -m flows.orchestra` (`make orchestra`) runs it at small scale on the embedded pool with
 SmolLM2-135M-Instruct as the controller (params.yaml, section `orchestra`); configs/paper/orchestra.yaml
@@ -17,7 +17,7 @@ from routerops.layout import Layout
 from stages.orchestra import check_run, load_run
 from tasks.stages import (
     orchestra_baselines_task, orchestra_evaluate_task, orchestra_filter_task, orchestra_probe_task,
-    orchestra_register_task, orchestra_sft_task, orchestra_tasks_task, orchestra_teacher_task,
+    orchestra_register_task, orchestra_rl_task, orchestra_sft_task, orchestra_tasks_task, orchestra_teacher_task,
 )
 
 
@@ -31,9 +31,10 @@ def orchestra_flow(params_file: str = "params.yaml", root: str = ".") -> Path:
     teacher = orchestra_teacher_task(run, layout, tasks)
     probe = orchestra_probe_task(run, layout, tasks)
     curriculum = orchestra_filter_task(run, layout, tasks, teacher, probe)
-    adapter = orchestra_sft_task(run, layout, curriculum["sft"])
-    results = orchestra_evaluate_task(run, layout, tasks, adapter, baselines)
-    registry = orchestra_register_task(run, layout, tasks, adapter, results)
+    sft_adapter = orchestra_sft_task(run, layout, curriculum["sft"])
+    rl_adapter = orchestra_rl_task(run, layout, curriculum["rl"], sft_adapter)
+    results = orchestra_evaluate_task(run, layout, tasks, sft_adapter, rl_adapter, baselines)
+    registry = orchestra_register_task(run, layout, tasks, rl_adapter, results)
     print(layout.orchestra_results_markdown.read_text())
     return registry
 

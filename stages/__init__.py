@@ -54,9 +54,10 @@ STAGES: dict[str, Stage] = {
     "orchestra-sft": Stage(orchestra.sft, orchestra.load_run, lambda L: (L.orchestra_sft,)),
     "orchestra-rl": Stage(orchestra.rl, orchestra.load_run, lambda L: (L.orchestra_rl_tasks, L.orchestra_adapter)),
     "orchestra-evaluate": Stage(orchestra.evaluate, orchestra.load_run,
-                                lambda L: (L.orchestra_tasks, L.orchestra_adapter, L.orchestra_baselines_table)),
+                                lambda L: (L.orchestra_tasks, L.orchestra_adapter, L.orchestra_rl_adapter,
+                                           L.orchestra_baselines_table)),
     "orchestra-register": Stage(orchestra.register, orchestra.load_run,
-                                lambda L: (L.orchestra_tasks, L.orchestra_adapter, L.orchestra_results)),
+                                lambda L: (L.orchestra_tasks, L.orchestra_rl_adapter, L.orchestra_results)),
 }
 
 

@@ -49,7 +49,7 @@ from routerops.orchestra.curriculum import (
     REASON_CODES, STRATEGY_SEPARATOR, collect_episodes, curriculum_expectations, filter_curriculum, sft_records,
 )
 from routerops.orchestra.endpoint import EndpointController
-from routerops.orchestra.executor import WORKER_ACTOR, Executor, ExecutorConfig
+from routerops.orchestra.executor import WORKER_ACTOR, Executor, ExecutorConfig, TreeShape
 from routerops.orchestra.teacher import teacher_controllers
 from routerops.promotion import GateConfig, Outcomes
 from routerops.pricing import check_pool_priced, load_pool, load_price_book
@@ -390,12 +390,13 @@ def write_jsonl_atomic(records: list[dict], path: Path) -> Path:
 # ---------------------------------------------------------------- the LM controller's rollouts
 
 
-def load_controller(run: OrchestraRun, layout: Layout, adapter: Path | None = None) -> LMController:
+def load_controller(run: OrchestraRun, layout: Layout, adapter: Path | None = None,
+                    version: str | None = None) -> LMController:
     """The LM controller, priced as `orchestrator` (configs/prices): π(0) without an adapter, the SFT'd
-    controller with one; `version` (base / sft) tells their episodes apart."""
+    or RL'd controller with one; `version` (base / sft / rl) tells their episodes apart."""
     config = lm_config(run, layout.resolve("params.yaml"))
     return LMController.load(config.model, config.controller, adapter, layout.model_cache, name=CONTROLLER_NAME,
-                             version="base" if adapter is None else "sft")
+                             version=version or ("base" if adapter is None else "sft"))
 
 
 def rollout_run_id(run: OrchestraRun, layout: Layout, stage: str, inputs: list[Path]) -> str:
@@ -488,24 +489,27 @@ def sft(run: OrchestraRun, layout: Layout, sft_data: Path) -> Path:
 EVAL_SPLITS = ["val", "test", "ood"]  # val: the promotion gate's tasks; test and OOD: the report
 
 
-def evaluate(run: OrchestraRun, layout: Layout, tasks: Path, adapter: Path, baselines_table: Path) -> Path:
-    """The controller before (π(0)) and after SFT, rolled out on val, test and OOD through the real
-    executor; its rows (accuracy, USD per episode, valid-turn rate, modes) beside the baselines' in one
-    table (reports/orchestra/results.*)."""
+def evaluate(run: OrchestraRun, layout: Layout, tasks: Path, adapter: Path, rl_adapter: Path,
+             baselines_table: Path) -> Path:
+    """The controller before (π(0)), after SFT and after RL, rolled out on val, test and OOD through the
+    real executor; its rows (accuracy, USD per episode, valid-turn rate, modes) beside the baselines' in
+    one table (reports/orchestra/results.*)."""
     task_list = tasks_of(read_tasks(tasks), EVAL_SPLITS, tasks)
-    adapter_files = sorted(Path(adapter).glob("*"))
+    versions = {"base": None, "sft": Path(adapter), "rl": Path(rl_adapter)}
+    adapter_files = [f for weights in versions.values() if weights for f in sorted(weights.glob("*"))]
     batches = []
-    for weights in (None, Path(adapter)):
-        controller = load_controller(run, layout, weights)
-        inputs = run_inputs(run, layout, tasks, *(adapter_files if weights else []))
-        batches.append((controller, task_list, rollout_run_id(run, layout, f"eval-{controller.version}", inputs)))
+    for version, weights in versions.items():
+        controller = load_controller(run, layout, weights, version)
+        inputs = run_inputs(run, layout, tasks, *(sorted(weights.glob("*")) if weights else []))
+        batches.append((controller, task_list, rollout_run_id(run, layout, f"eval-{version}", inputs)))
     out = layout.orchestra_eval
     episodes, turns = controller_rollouts(run, layout, batches, out.folder)
     reported = ["test", "ood"]
     table = results_table(controller_rows(episodes, turns, EVAL_SPLITS), pd.read_csv(baselines_table), reported)
     book = load_price_book(layout.resolve(run.price_book))
     notes = [f"orchestrator-base is π(0), the untrained {lm_config(run).model.name}; orchestrator-sft adds the LoRA "
-             "adapter of the SFT stage (trained on D_SFT, train tasks only).",
+             "adapter of the SFT stage (trained on D_SFT, train tasks only); orchestrator-rl continues it with "
+             f"{rl_config(run.rl).advantages.estimator} on train-task rollouts (orchestra-rl).",
              "valid_turn_rate: controller turns the strict grammar parser accepted; "
              + ("a malformed turn ends its episode." if run.evaluation.end_on_malformed
                 else "a malformed turn is answered with an <error> block and retried within Tmax."),
@@ -549,20 +553,27 @@ def champion_on_val(run: OrchestraRun, layout: Layout, task_list: list, champion
     return judged_on_val(episodes)
 
 
+REGISTERED_VERSION = "rl"  # the flow's last trained controller is the one registered
+
+
 def register(run: OrchestraRun, layout: Layout, tasks: Path, adapter: Path, evaluation: Path) -> Path:
-    """Register the SFT'd controller as `orchestrator`; it takes the `champion` alias only if it beats
-    the champion on the val tasks (paired bootstrap gate, routerops/promotion.py)."""
+    """Register the RL'd controller (`adapter`, the flow's last) as `orchestrator`; it takes the
+    `champion` alias only if it beats the champion on the val tasks (paired bootstrap gate,
+    routerops/promotion.py). The SFT'd controller's val numbers stand beside it in results.csv."""
     task_list = read_tasks(tasks)
     episodes = schema.read_table(layout.orchestra_eval.episodes, "episodes")
-    mine = episodes[(episodes.policy == CONTROLLER_NAME) & (episodes.policy_version == "sft")]
+    mine = episodes[(episodes.policy == CONTROLLER_NAME) & (episodes.policy_version == REGISTERED_VERSION)]
+    if mine.empty:
+        raise InputError(layout.orchestra_eval.episodes, "policy_version",
+                         f"no {REGISTERED_VERSION!r} episodes: run orchestra-evaluate after orchestra-rl")
     candidate = judged_on_val(mine)
     config = lm_config(run, layout.resolve("params.yaml"))
     served = ServedOrchestrator.from_files(config.model, config.controller, Path(adapter), layout.resolve(run.pool),
                                            layout.resolve(run.price_book), Episodes(run.budget_usd, run.turn_limit, run.prompt),
                                            layout.model_cache)
     results = pd.read_csv(evaluation)
-    sft_rows = results[results.policy == "orchestrator-sft"]
-    metrics = {f"{s}_{col}": float(v) for s, row in sft_rows.set_index("split").iterrows()
+    own_rows = results[results.policy == f"{CONTROLLER_NAME}-{REGISTERED_VERSION}"]
+    metrics = {f"{s}_{col}": float(v) for s, row in own_rows.set_index("split").iterrows()
                for col, v in row[["accuracy", "usd_per_episode", "valid_turn_rate"]].items()}
     metrics["val_score_mean"] = float(candidate.outcomes.correct.mean())
     hashes = {"sft_sha256": schema.file_sha256(layout.orchestra_sft), "tasks_sha256": schema.file_sha256(tasks),
@@ -648,7 +659,7 @@ def controller_turn_groups(turn_rows: list[dict]) -> list[list[dict]]:
     return groups
 
 
-def rollout_group(results: list, normaliser, task_id: str):
+def rollout_group(results: list, normaliser, task_id: str, tree: bool = False):
     """The G episodes as advantages.RolloutGroup (004 App. B).
 
     V_g: the episode's verifier score. C_g: its USD, √-normalised by the rolling percentile (the
@@ -656,7 +667,8 @@ def rollout_group(results: list, normaliser, task_id: str):
     the controller turn and the worker calls its plan made, normalised alike; V_t (B.10's verifier-
     confirmed progress, which the paper leaves undefined per turn) is the verifier's score on the turn
     that gave the final answer and 0 on every other turn: the only per-turn fact a verifier confirms
-    here; the action (plan / repair / final_answer / malformed) sets B.11's comparison cohorts."""
+    here; the action (plan / repair / final_answer / malformed) sets B.11's comparison cohorts. With
+    `tree`, each turn carries its node of the rollout tree (Executor.run_tree) for tree-GRPO (B.5)."""
     from models.orchestrator.advantages import Rollout, RolloutGroup, Turn
 
     normaliser.update([float(r.episode["cost_usd"]) for r in results])
@@ -664,10 +676,11 @@ def rollout_group(results: list, normaliser, task_id: str):
     for r in results:
         score = min(1.0, max(0.0, float(r.episode["score"])))
         turns = []
-        for rows in controller_turn_groups(r.turns):
+        for k, rows in enumerate(controller_turn_groups(r.turns)):
             kind = rows[0]["primitive"] or "turn"
             turns.append(Turn(cost=normaliser.normalise(sum(float(x["cost_usd"]) for x in rows)),
-                              progress=score if kind == "final_answer" else 0.0, action=kind))
+                              progress=score if kind == "final_answer" else 0.0, action=kind,
+                              node=r.nodes[k] if tree else None))
         rollouts.append(Rollout(verifier=score, cost=normaliser.normalise(float(r.episode["cost_usd"])), turns=turns))
     return RolloutGroup(tuple(rollouts), task=task_id)
 
@@ -710,9 +723,15 @@ async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: st
     controller = LMController(trainer.model, trainer.tokenizer,
                               dataclasses.replace(generation, seed=generation.seed + 10_000 * n),
                               name=CONTROLLER_NAME, version=f"rl-step{n}")
-    results = await executor.run_group(task, controller, run_id, [n * g + i for i in range(g)])
+    seeds = [n * g + i for i in range(g)]
+    tree = cfg.advantages.estimator == "tree_grpo"
+    if tree:  # Uno-tree-GRPO: prefix-sharing rollouts, at most G leaves (004 App. B)
+        shape = TreeShape(g // cfg.settings.tree_branches, cfg.settings.tree_branches, cfg.settings.tree_branch_turn)
+        results = await executor.run_tree(task, controller, run_id, seeds, shape)
+    else:
+        results = await executor.run_group(task, controller, run_id, seeds)
     rollout_seconds = time.perf_counter() - started
-    group = rollout_group(results, normaliser, task.task_id)
+    group = rollout_group(results, normaliser, task.task_id, tree)
     advantages = turn_advantages(cfg.advantages, group)
     batch = RolloutBatch.from_conversations(trainer.tokenizer, [r.messages for r in results],
                                             [a.tolist() for a in advantages],
@@ -727,6 +746,7 @@ async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: st
         for r in results:
             fh.write(json.dumps({"step": n, "episode": r.episode, "turns": r.turns}, default=str) + "\n")
     return {"step": n, "task_id": task.task_id, "episodes": [r.episode["episode_id"] for r in results],
+            "leaves": len(results),
             "scores": [float(r.episode["score"]) for r in results],
             "advantages": [[round(float(x), 6) for x in a] for a in advantages],
             "truncated": batch.truncated, **{k: v for k, v in stats.items() if k not in ("step", "seconds")},

@@ -376,10 +376,11 @@ ESTIMATOR_FUNCTIONS: dict[str, Callable[[RolloutGroup, AdvantageConfig], tuple[n
 
 def turn_advantages(config: AdvantageConfig, group: RolloutGroup) -> tuple[np.ndarray, ...]:
     """Per rollout, per turn, the advantage of `config.estimator`: out[i][t] is A for turn t of rollout
-    i of the group. The group must hold exactly G = config.group_size rollouts."""
-    if len(group.rollouts) != config.group_size:
-        raise ValueError(f"{group.task or 'group'}: {len(group.rollouts)} rollouts, but the config's group "
-                         f"size G is {config.group_size}")
+    i of the group. The group must hold exactly G = config.group_size rollouts; a tree (tree_grpo) at
+    most G leaves, since a root that ends before its branch point is one leaf (Executor.run_tree)."""
+    n = len(group.rollouts)
+    if n != config.group_size and not (config.estimator == "tree_grpo" and 1 <= n <= config.group_size):
+        raise ValueError(f"{group.task or 'group'}: {n} rollouts, but the config's group size G is {config.group_size}")
     return ESTIMATOR_FUNCTIONS[config.estimator](group, config)
 
 

@@ -100,6 +100,12 @@ class RLSettings:
     # tokens were drawn from (as TRL's GRPOTrainer does). The paper gives none. > 0: greedy rollouts of
     # one task are identical and leave nothing to compare.
     temperature: float = 1.0
+    # tree_grpo's rollout geometry (routerops/orchestra/executor.py TreeShape; 004 App. B gives none):
+    # G / tree_branches roots, each running one split into tree_branches siblings before controller
+    # turn tree_branch_turn. Turn 1 is the first turn after a plan's observations: siblings share the
+    # plan and its worker results and differ in what they make of them.
+    tree_branches: int = 2
+    tree_branch_turn: int = 1
     max_steps: int = 20  # optimisation steps of the demo (App. A.2: one pass over 2,976 tasks at G = 8)
     save_steps: int = 5  # checkpoint period (the paper gives none)
     # Tokens kept per conversation (its start). App. A.2: 4,096 prompt + 16,384 assistant tokens; the
@@ -129,6 +135,8 @@ class RLSettings:
                 raise InputError(source, f"{where}.{name}", f"{getattr(self, name)} must be finite and ≥ 0")
         if not self.lora_target_modules:
             raise InputError(source, f"{where}.lora_target_modules", "name at least one module")
+        if self.tree_branches < 2 or self.tree_branch_turn < 1:
+            raise InputError(source, f"{where}.tree_branches", "a tree needs tree_branches ≥ 2 and tree_branch_turn ≥ 1")
         if self.device not in DEVICES:
             raise InputError(source, f"{where}.device", f"{self.device!r} is not one of {DEVICES}")
         if self.dtype not in DTYPES:
@@ -166,6 +174,9 @@ def rl_config(raw: Mapping[str, Any] | None, source: str = CONFIG_SECTION) -> RL
     advantages = advantage_config({k: v for k, v in raw.items() if k in ADVANTAGE_KEYS}, source)
     settings = section_from_mapping(RLSettings, {k: v for k, v in raw.items() if k in SETTING_KEYS}, source,
                                     CONFIG_SECTION)
+    if advantages.estimator == "tree_grpo" and advantages.group_size % settings.tree_branches:
+        raise InputError(source, f"{CONFIG_SECTION}.tree_branches", f"G = {advantages.group_size} leaves must split "
+                                                                    f"evenly into {settings.tree_branches} branches")
     return RLConfig(settings, advantages, source)
 
 

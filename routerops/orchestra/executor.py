@@ -28,6 +28,7 @@ as JSON; `EpisodeResult` also keeps the controller's token ids and log-probabili
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import random
@@ -90,6 +91,33 @@ class EpisodeResult:
     messages: list[Message]  # the conversation (JSON in episode["conversation"])
     controller_turns: list[ControllerTurn]  # as the controller returned them: token ids, log-probabilities
     malformed_turns: int
+    # Per controller turn, its node in the group's rollout tree (`Executor.run_tree`): siblings share the
+    # nodes of their common prefix. Independent episodes have nodes of their own.
+    nodes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """Uno-tree-GRPO's sampling geometry (004 App. B, "Tree-GRPO and Uno-tree-GRPO": "first samples a
+    shared prefix and then branches at selected decision points, producing sibling continuations under
+    the same partial context"): `roots` independent episodes; before controller turn `branch_turn`
+    (0-based; the turns before it are the shared prefix) every episode still running splits into
+    `branches` siblings that continue from the same conversation, ledger and worker results. An episode
+    that ends before the branch point stays one leaf."""
+
+    roots: int
+    branches: int
+    branch_turn: int = 1
+
+    def __post_init__(self) -> None:
+        for name, low in (("roots", 1), ("branches", 2), ("branch_turn", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InputError("tree shape", name, f"expected an integer ≥ {low}, got {value!r}")
+
+    @property
+    def max_leaves(self) -> int:
+        return self.roots * self.branches
 
 
 @dataclass
@@ -113,6 +141,8 @@ class _Episode:
     ended_by: str | None = None
     error: str = ""
     reserved_usd: float = 0.0  # the controller turn's reservation, while it is being generated
+    branch: str = ""  # the path in a rollout tree ("r0", then "r0.1" after a split); names turn nodes
+    nodes: list[str] = field(default_factory=list)  # each controller turn's tree node
 
     def end(self, reason: str, error: str = "") -> None:
         self.ended_by, self.error = reason, error
@@ -156,15 +186,60 @@ class Executor:
         if len({(task.task_id, seed) for task, seed in items}) != len(items):
             raise InputError("run_batch", "items", "a (task, seed) pair is listed twice")
         episodes = [self.start(task, controller, run_id, seed) for task, seed in items]
+        await self.play(episodes, controller)
+        return [self.finish(e, task, controller, run_id) for e, (task, _) in zip(episodes, items)]
+
+    async def run_tree(self, task: Task, controller: Controller, run_id: str, seeds: Sequence[int],
+                       shape: TreeShape) -> list[EpisodeResult]:
+        """A rollout tree of `task` (`TreeShape`): one EpisodeResult per leaf, each a whole trajectory
+        (its shared prefix's turns, calls and costs included), its turns' tree nodes in `nodes`.
+        `seeds` (distinct, at least shape.max_leaves) name the roots, then the siblings in order."""
+        if len(set(seeds)) != len(seeds) or len(seeds) < shape.max_leaves:
+            raise InputError("run_tree", "seeds", f"expected {shape.max_leaves} distinct seeds, got {list(seeds)}")
+        self.check_controller(controller)
+        spare = iter(seeds[shape.roots:])
+        episodes = []
+        for i, seed in enumerate(seeds[:shape.roots]):
+            episodes.append(self.start(task, controller, run_id, seed))
+            episodes[-1].branch = f"r{i}"
+
+        def split(ready: list[_Episode]) -> list[_Episode]:
+            grown = []
+            for e in ready:
+                grown.append(e)
+                if len(e.replies) == shape.branch_turn:
+                    parent = e.branch
+                    e.branch = f"{parent}.0"
+                    for k in range(1, shape.branches):
+                        sibling = self.sibling(e, task, controller, run_id, next(spare), f"{parent}.{k}")
+                        episodes.append(sibling)
+                        grown.append(sibling)
+            return grown
+
+        await self.play(episodes, controller, split)
+        return [self.finish(e, task, controller, run_id) for e in episodes]
+
+    def sibling(self, e: _Episode, task: Task, controller: Controller, run_id: str, seed: int,
+                branch: str) -> _Episode:
+        """A copy of running episode `e` under a new id: same conversation, ledger (with the pending
+        reservation), worker labels and results; from here on it samples its own turns."""
+        twin = copy.deepcopy(e)
+        twin.episode_id, twin.seed, twin.branch = schema.episode_id(run_id, task.task_id, controller.name, seed), seed, branch
+        return twin
+
+    async def play(self, episodes: list[_Episode], controller: Controller,
+                   before_round: Callable[[list[_Episode]], list[_Episode]] | None = None) -> None:
+        """Controller rounds until every episode has ended; `before_round` may grow a round (run_tree)."""
         while True:
             ready = [e for e in episodes if e.ended_by is None and self.may_call_controller(e, controller)]
+            if before_round is not None:
+                ready = before_round(ready)
             if not ready:
                 break
             replies, latency = await self.respond(controller, ready)
             plans = [(e, taken) for e, reply in zip(ready, replies)
                      if (taken := self.take_turn(e, reply, latency, controller)) is not None]
             await asyncio.gather(*(self.execute_plan(e, plan, row) for e, (plan, row) in plans))
-        return [self.finish(e, task, controller, run_id) for e, (task, _) in zip(episodes, items)]
 
     def check_controller(self, controller: Controller) -> None:
         if controller.name not in self.book.prices:
@@ -215,6 +290,7 @@ class Executor:
             errors=[], propensity=1.0,
         )
         e.turns.append(row)
+        e.nodes.append(f"{e.branch or e.episode_id}/t{len(e.replies)}")
         e.replies.append(reply)
         e.messages.append({"role": "assistant", "content": reply.text})
         if isinstance(parsed, GrammarError):
@@ -327,7 +403,8 @@ class Executor:
             "ended_by": e.ended_by, "error": e.error, "mode": modes.behaviour_mode(e.kinds),
             "conversation": json.dumps(e.messages, ensure_ascii=False),
         }
-        return EpisodeResult(episode, [turn_row(e.episode_id, t) for t in e.turns], e.messages, e.replies, malformed)
+        return EpisodeResult(episode, [turn_row(e.episode_id, t) for t in e.turns], e.messages, e.replies, malformed,
+                             list(e.nodes))
 
 
 def worker_labels(pool: Pool, anonymize: bool, rng: random.Random) -> dict[str, str]:

@@ -166,3 +166,33 @@ def test_the_rollout_group_takes_v_from_the_verifier_and_c_per_turn_from_its_row
     metrics = rollout_metrics([result(1.0, plan), result(0.0, lazy)], group, 0.1, ["python", "smol-direct"])
     assert metrics["usage/smol-direct"] == 1.0 and metrics["usage/python"] == 0.0
     assert metrics["success_rate"] == 0.5 and metrics["controller_turns_mean"] == 1.5
+
+
+def test_a_tree_group_carries_each_turn_s_node_and_tree_grpo_credits_the_shared_prefix_once():
+    from types import SimpleNamespace
+
+    from models.orchestrator.advantages import AdvantageConfig, CostNormaliser, turn_advantages
+    from stages.orchestra import rollout_group
+
+    def leaf(score, nodes):
+        rows = [{"actor": "controller", "primitive": "plan", "cost_usd": 0.0, "worker": "orchestrator"},
+                {"actor": "controller", "primitive": "final_answer", "cost_usd": 0.0, "worker": "orchestrator"}]
+        return SimpleNamespace(episode={"score": score, "cost_usd": 0.0}, turns=rows, nodes=nodes)
+
+    # one root, split before turn 1 (Executor.run_tree): the plan is shared, the answers are siblings
+    results = [leaf(1.0, ["r0/t0", "r0.0/t1"]), leaf(0.0, ["r0/t0", "r0.1/t1"])]
+    group = rollout_group(results, CostNormaliser(percentile=100), "t", tree=True)
+    assert [[t.node for t in r.turns] for r in group.rollouts] == [n.nodes for n in results]
+    first, second = turn_advantages(AdvantageConfig(estimator="tree_grpo", alpha=0.0, group_size=2), group)
+    assert first[0] == second[0]  # the shared plan gets one signal
+    assert first[1] > 0 > second[1]  # the right sibling is pushed up, the wrong one down
+
+
+def test_tree_rollouts_need_g_to_split_evenly_into_branches():
+    from models.orchestrator.rl import rl_config
+
+    assert rl_config({"estimator": "tree_grpo", "group_size": 4, "tree_branches": 2}).settings.tree_branches == 2
+    with pytest.raises(RouteropsError, match="tree_branches"):
+        rl_config({"estimator": "tree_grpo", "group_size": 4, "tree_branches": 3})
+    with pytest.raises(RouteropsError, match="tree_branches"):
+        rl_config({"tree_branches": 1})

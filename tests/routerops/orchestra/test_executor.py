@@ -15,7 +15,7 @@ import pytest
 from routerops import schema
 from routerops.errors import InputError, RouteropsError
 from routerops.orchestra.dispatch import llm_payload, worst_case_cost, written_program
-from routerops.orchestra.executor import Executor, ExecutorConfig
+from routerops.orchestra.executor import Executor, ExecutorConfig, TreeShape
 from routerops.orchestra.grammar import FinalAnswer, Plan, Subtask, Turn, Verify
 from routerops.orchestra.render import parse_observations, render_turn
 from routerops.orchestra.modes import modes_of_turns
@@ -377,6 +377,34 @@ async def test_a_group_shares_one_batched_controller_call_per_turn(workers):
     assert [len(batch) for batch in controller.received] == [3, 3]
     assert len({r.episode["episode_id"] for r in results}) == 3 and all(r.episode["success"] for r in results)
     assert [r.episode["seed"] for r in results] == [0, 1, 2]
+
+
+async def test_a_rollout_tree_shares_its_prefix_and_splits_before_the_branch_turn(workers):
+    from models.orchestrator.advantages import Rollout, RolloutGroup, Turn as RLTurn, tree_paths
+
+    controller = ScriptedController([plan(1, node(1, "sympy", "sympy", "6*7+1")), answer("43", check="ok")])
+    results = await executor(workers).run_tree(TASK, controller, "run-1", [0, 1, 2, 3], TreeShape(2, 2, 1))
+    # two roots plan once each; before turn 1 each splits in two: four leaves answer in one batch
+    assert [len(batch) for batch in controller.received] == [2, 4]
+    assert len(workers["sympy"].payloads) == 2  # the shared prefix's call is made once per root
+    assert len({r.episode["episode_id"] for r in results}) == 4 and all(r.episode["success"] for r in results)
+    assert sorted(r.episode["seed"] for r in results) == [0, 1, 2, 3]
+    nodes = [r.nodes for r in results]
+    assert [n[0] for n in nodes].count(nodes[0][0]) == 2 and len({n[1] for n in nodes}) == 4
+    # each leaf is a whole trajectory: its prefix's worker call and cost are in its rows
+    assert all(len(worker_rows(r)) == 1 and r.episode["cost_usd"] > 0 for r in results)
+    group = RolloutGroup(tuple(Rollout(1.0, 0.0, tuple(RLTurn(0.0, node=x) for x in n)) for n in nodes))
+    assert len(tree_paths(group)) == 4  # a valid tree in advantages.py's terms
+
+
+async def test_a_rollout_tree_leaf_that_ends_before_the_branch_turn_is_not_split(workers):
+    controller = ScriptedController([answer("43")])
+    results = await executor(workers).run_tree(TASK, controller, "run-1", [0, 1, 2, 3], TreeShape(2, 2, 1))
+    assert len(results) == 2 and [len(batch) for batch in controller.received] == [2]
+    with pytest.raises(InputError, match="seeds"):
+        await executor(workers).run_tree(TASK, controller, "run-1", [0, 1, 2], TreeShape(2, 2, 1))
+    with pytest.raises(InputError, match="branches"):
+        TreeShape(2, 1)
 
 
 async def test_anonymous_labels_hide_the_llm_workers_and_resolve_to_them(workers):
