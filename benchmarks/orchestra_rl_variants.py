@@ -80,8 +80,8 @@ def variant_layout(flow: Layout, folder: Path) -> Layout:
 def train_variants(run: OrchestraRun, flow: Layout, out: Path, steps: int, seeds: list[int]) -> dict[str, dict]:
     """Each (estimator, seed)'s RL run from the flow's SFT adapter; resumable (the stage resumes)."""
     trained = {}
-    for estimator in VARIANTS:
-        for seed in seeds:
+    for seed in seeds:  # seed-major: a first seed of every variant before the next seed
+        for estimator in VARIANTS:
             name = f"{estimator}-s{seed}"
             layout = variant_layout(flow, out / name)
             started = time.perf_counter()
