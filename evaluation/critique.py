@@ -30,7 +30,12 @@ from routerops.pricing import load_price_book
 
 log = logging.getLogger(__name__)
 ROUTELLM_PUBLISHED = {"best_apgr": 0.622, "random_apgr": 0.497}  # RouteLLM paper, GSM8K (Table 3)
-SETTINGS = {"with_multipliers": True, "without_multipliers": False}
+# name → (ξ as the paper's Table 9, or 0; dual ascent on ξ). The third is ours, beyond the paper.
+SETTINGS = {"with_multipliers": (True, False), "without_multipliers": (False, False), "dual_multipliers": (True, True)}
+
+
+def settings(cfg: CritiqueConfig) -> dict[str, tuple[bool, bool]]:
+    return {name: s for name, s in SETTINGS.items() if not s[1] or cfg.grpo.multiplier_lr > 0}
 
 
 def load_table(cfg: CritiqueConfig, root: Path) -> RoutingData:
@@ -54,27 +59,28 @@ def run_seed(cfg: CritiqueConfig, data: RoutingData, seed: int, progress: bool =
     """Every controller of one seed, cross-fitted; out-of-fold results over all queries."""
     g, pol, c = cfg.grpo, cfg.policy, cfg.corl
     n = len(data)
-    scores = {name: np.full(n, np.nan) for name in SETTINGS}
-    episodes = {f"{name}{suffix}": [] for name in SETTINGS for suffix in ("", "_budgeted")}
-    order, corl_parts, curves = [], [], {name: [] for name in (*SETTINGS, "corl")}
+    runs = settings(cfg)
+    scores = {name: np.full(n, np.nan) for name in runs}
+    episodes = {f"{name}{suffix}": [] for name in runs for suffix in ("", "_budgeted")}
+    order, corl_parts, curves = [], [], {name: [] for name in (*runs, "corl")}
     env_all = None
     for fold, (fit_rows, score_rows) in enumerate(KFold(cfg.k, shuffle=True, random_state=seed).split(np.arange(n))):
         env = env_from_routing_data(data, g.horizon, fit_rows=fit_rows)
         env_all = env
         order.append(score_rows)
         xi, rho = by_rank(g.xi, env.n_agents), by_rank(g.rho, env.n_agents)
-        for name, constrained in SETTINGS.items():
+        for name, (constrained, dual) in runs.items():
             start = time.perf_counter()
             policy = ControllerPolicy(env.feature_dim, env.n_actions, pol.hidden, seed=1000 * seed + fold)
             run = train_critique(env, fit_rows, policy, iterations=g.iterations, batch=g.batch, group=g.group,
                                  xi=xi if constrained else np.zeros_like(xi), rho=rho, gamma=g.gamma,
                                  routing_weight=g.routing_weight, lr=pol.lr, weight_decay=pol.weight_decay,
-                                 multiplier_lr=g.multiplier_lr if constrained else 0.0, seed=1000 * seed + fold)
+                                 multiplier_lr=g.multiplier_lr if dual else 0.0, seed=1000 * seed + fold)
             probs = state_probabilities(policy, env, score_rows)
             scores[name][score_rows] = final_author_probability(probs, env)[:, 0]
             episodes[name].append(greedy_episodes(probs, env, score_rows))
             episodes[f"{name}_budgeted"].append(greedy_episodes(probs, env, score_rows, rho=rho))
-            curves[name].append(run.rows[-1])
+            curves[name].append({**run.rows[-1], "final_xi": [float(v) for v in run.final_xi]})
             if progress:
                 log.info("seed %d fold %d %s: %.1f s, last %s", seed, fold, name, time.perf_counter() - start,
                          run.rows[-1])
@@ -94,7 +100,7 @@ def run_seed(cfg: CritiqueConfig, data: RoutingData, seed: int, progress: bool =
     strong, weak = env.correct[:, 0], env.correct[:, -1]
     counts = resample_counts(n, cfg.bootstrap, seed) if cfg.bootstrap else None
     out = {"controllers": {}, "corl": {}, "final_training_rows": curves}
-    for name in SETTINGS:
+    for name in runs:
         score = scores[name]
         row = {"apgr": float(metrics.apgr(score, strong, weak)) if np.unique(score).size > 1 else float("nan")}
         if counts is not None and np.unique(score).size > 1:
@@ -124,7 +130,7 @@ def run_critique_benchmark(cfg: CritiqueConfig, root: str | Path = ".", progress
         board = run_replay_benchmark(data, None, list(cfg.baselines), k=cfg.k, seeds=list(cfg.seeds),
                                      n_boot=cfg.bootstrap, progress=progress)
     summary = {}
-    for name in SETTINGS:
+    for name in settings(cfg):
         runs = [per_seed[s]["controllers"][name] for s in cfg.seeds]
         summary[name] = {"apgr": float(np.mean([r["apgr"] for r in runs])),
                          "apgr_seed_std": float(np.std([r["apgr"] for r in runs]))}

@@ -53,9 +53,9 @@ class GRPOSettings:
     routing_weight: float = 0.5  # eq. 1: r = 0.5 R_r + 0.5 R_v
     xi: tuple = (0.25, 0.125, 0.0)  # Lagrange multipliers ξ_k by strength rank, strongest first (Table 9)
     rho: tuple = (0.25, 0.5, 1.0)  # usage budgets ρ_k, strongest first (§4 "Resource Constraints")
-    # Beyond the paper (it keeps ξ fixed, Prop. 3.1): dual ascent ξ_k ← [ξ_k + η(u_k − ρ_k)]₊ on the
-    # sampled usage share u_k; 0 keeps the paper's fixed multipliers.
-    multiplier_lr: float = 0.0
+    # Beyond the paper (it keeps ξ fixed, Prop. 3.1): η of a third controller trained with dual ascent
+    # ξ_k ← [ξ_k + η(u_k − ρ_k)]₊ on the sampled usage share u_k, from the paper's ξ; 0 leaves it out.
+    multiplier_lr: float = 0.2
 
     def validate(self, source: str, where: str) -> None:
         for name in ("horizon", "group", "batch", "iterations"):

@@ -122,7 +122,8 @@ def ppo_loss(policy: ControllerPolicy, reference: ControllerPolicy, batch: Batch
     p = logp_all.exp()
     divergence = (p * (logp_all - ref_logp)).masked_fill(~mask, 0.0).sum(-1).mean()
     loss = -surrogate + value_coef * value_loss + kl * divergence
-    return loss, {"surrogate": float(surrogate), "value_loss": float(value_loss), "kl": float(divergence)}
+    return loss, {"surrogate": float(surrogate.detach()), "value_loss": float(value_loss.detach()),
+                  "kl": float(divergence.detach())}
 
 
 def train_corl(env: LoggedOutcomeEnv, train_rows: np.ndarray, policy: ControllerPolicy, *, budgets, iterations: int,

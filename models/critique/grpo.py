@@ -162,7 +162,7 @@ def train_critique(env: LoggedOutcomeEnv, train_rows: np.ndarray, policy: Contro
         loss.backward()
         optimiser.step()
         usage = usage_shares(levels, env.n_agents, group)
-        row = {"step": step, "loss": float(loss), "value": float(np.mean(q_values[0])),
+        row = {"step": step, "loss": float(loss.detach()), "value": float(np.mean(q_values[0])),
                **{f"calls_per_query:{a}": float(u) for a, u in zip(env.agents, usage)},
                **{f"xi:{a}": float(x) for a, x in zip(env.agents, xi)}}
         if multiplier_lr > 0:
