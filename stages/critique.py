@@ -15,7 +15,7 @@ from stages.manifest import write_manifest
 
 def critique(cfg: CritiqueConfig, layout: Layout) -> dict[str, Path]:
     result = run_critique_benchmark(cfg, layout.root)
-    out = layout.reports / "critique"
+    out = layout.critique_dir
     paths = {"results": schema.write_json_atomic(result, out / "results.json")}
     metrics = {f"{name}/{key}": value for name, row in result["summary"].items() if name != "corl"
                for key, value in row.items()}
