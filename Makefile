@@ -19,7 +19,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: install sandbox-backend demo test test-fast mlflow-ui benchmarks replay mtrouter orchestra clean
+.PHONY: install sandbox-backend demo test test-fast mlflow-ui benchmarks replay critique mtrouter orchestra clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,9 @@ replay: install
 		--prices configs/prices/routellm-2024.yaml --out reports/replay/routellm_gsm8k.csv
 
 # MTRouter at small scale on ScienceWorld with the embedded pool (params.yaml: mtrouter).
+critique: install  # critique-and-route + CoRL on RouteLLM GSM8K logs, params.yaml `critique` (~15 min on 2 cores)
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/critique_route.py --out benchmarks/results/critique_route.json
+
 mtrouter: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.mtrouter
 

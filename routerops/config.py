@@ -113,6 +113,8 @@ class Params:
     # The orchestrator pipeline's section; typed and checked by stages.orchestra.load_run
     # (its LM sections by models.orchestrator.config).
     orchestra: dict = field(default_factory=dict)
+    # The critique-and-route / CoRL section; typed and checked by models.critique.config.
+    critique: dict = field(default_factory=dict)
 
 
 def _build(cls: type, raw: Any, path: Path, where: str) -> Any:

@@ -112,6 +112,11 @@ class Layout:
     def replay_dir(self) -> Path:
         return self.reports / "replay"
 
+    @property
+    def critique_dir(self) -> Path:
+        """Critique-and-route / CoRL results on the RouteLLM GSM8K logs (stages/critique.py)."""
+        return self.reports / "critique"
+
     # ---- MTRouter pipeline (paper 000)
     @property
     def mtrouter_data(self) -> Path:

@@ -11,7 +11,8 @@ from typing import Any
 
 from routerops.config import load_params
 from routerops.layout import Layout
-from stages import mtrouter, orchestra, pipeline, replay, routers, track
+from models.critique.config import load_critique_config
+from stages import critique, mtrouter, orchestra, pipeline, replay, routers, track
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ STAGES: dict[str, Stage] = {
     "routers": Stage(routers.routers, _main, lambda L: (L.grid,)),
     "register": Stage(routers.register, _main, lambda L: (L.grid, {"leaderboard": L.routers_dir / "leaderboard.csv"})),
     "replay": Stage(replay.replay, _main, lambda L: ()),
+    "critique": Stage(critique.critique, load_critique_config, lambda L: ()),
     "track": Stage(track.track, _main, lambda L: (L.registry_report, L.replay_dir / "leaderboard.csv")),
     "mtrouter-collect": Stage(mtrouter.collect, mtrouter.load_run, lambda L: ()),
     "mtrouter-ablations": Stage(mtrouter.ablations, mtrouter.load_run, lambda L: (L.mtrouter_tasks, L.mtrouter_train)),

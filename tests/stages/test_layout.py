@@ -35,7 +35,7 @@ def test_dvc_outputs_are_layout_paths():
                               layout.mtrouter_routers, layout.orchestra_tasks,
                               *layout.orchestra_teacher.paths(), layout.orchestra_sft, layout.orchestra_rl_tasks,
                               layout.orchestra_decisions]}
-    dirs = [str(p) for p in (layout.eval_dir, layout.routers_dir, layout.replay_dir, layout.mtrouter_reports,
+    dirs = [str(p) for p in (layout.eval_dir, layout.routers_dir, layout.replay_dir, layout.critique_dir, layout.mtrouter_reports,
                                         layout.orchestra_data, layout.orchestra_reports)]
     for path in DVC_FILES:
         for stage in yaml.safe_load(path.read_text())["stages"].values():

@@ -1,0 +1,26 @@
+"""The critique stage: the critique-and-route controller (paper 002) and CoRL's budget modes (paper 003)
+trained and evaluated on RouteLLM's GSM8K logged outcomes (bundled under datasets/), cross-fitted,
+beside the single-turn replay routers on the same folds. No live call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evaluation.critique import run_critique_benchmark
+from models.critique.config import CritiqueConfig
+from routerops import schema
+from routerops.layout import Layout
+from stages.manifest import write_manifest
+
+
+def critique(cfg: CritiqueConfig, layout: Layout) -> dict[str, Path]:
+    result = run_critique_benchmark(cfg, layout.root)
+    out = layout.critique_dir
+    paths = {"results": schema.write_json_atomic(result, out / "results.json")}
+    metrics = {f"{name}/{key}": value for name, row in result["summary"].items() if name != "corl"
+               for key, value in row.items()}
+    metrics |= {f"corl/{mode}/{key}": value for mode, row in result["summary"]["corl"].items() for key, value in row.items()}
+    paths["metrics"] = schema.write_json_atomic(metrics, out / "metrics.json")
+    sources = [layout.resolve(p) for p in (cfg.table, cfg.contaminated, cfg.fewshot, cfg.price_book)]
+    write_manifest(layout.manifests, "critique", cfg, sources, list(paths.values()), metrics)
+    return paths
