@@ -64,10 +64,11 @@ replay: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" routerops replay --table data/replay/routellm_gsm8k.parquet \
 		--prices configs/prices/routellm-2024.yaml --out reports/replay/routellm_gsm8k.csv
 
-# MTRouter at small scale on ScienceWorld with the embedded pool (params.yaml: mtrouter).
-critique: install  # critique-and-route + CoRL on RouteLLM GSM8K logs, params.yaml `critique` (~15 min on 2 cores)
-	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/critique_route.py --out benchmarks/results/critique_route.json
+# Critique-and-route (paper 002) + CoRL budget modes (003) on RouteLLM's GSM8K logs (params.yaml: critique).
+critique: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" routerops stage critique
 
+# MTRouter at small scale on ScienceWorld with the embedded pool (params.yaml: mtrouter).
 mtrouter: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.mtrouter
 

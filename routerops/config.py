@@ -5,12 +5,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import Any, Mapping
 
 from routerops.errors import InputError
-from routerops.files import read_text
+from routerops.files import read_yaml_mapping
 
 
 @dataclass(frozen=True)
@@ -137,13 +135,53 @@ def _build(cls: type, raw: Any, path: Path, where: str) -> Any:
     return cls(**values)
 
 
+def checked_value(name: str, value: Any, default: Any, source: str) -> Any:
+    """`value` in the type of the field's default (an int is a valid float, a list a tuple)."""
+    expected = type(default)
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is tuple and isinstance(value, list):
+        value = tuple(value)
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise InputError(source, name, f"expected {expected.__name__}, got {value!r}")
+    if expected is tuple and default and not all(_same_kind(v, default[0]) for v in value):
+        kinds = {str: "strings", float: "numbers", int: "integers"}
+        raise InputError(source, name, f"expected a list of {kinds.get(type(default[0]), type(default[0]).__name__)}")
+    if expected is tuple and default and isinstance(default[0], float):
+        value = tuple(float(v) for v in value)
+    return value
+
+
+def _same_kind(value: Any, like: Any) -> bool:
+    """`value` may stand where `like` does: a number for a float, the same type otherwise (no bool)."""
+    if isinstance(value, bool) != isinstance(like, bool):
+        return False
+    if isinstance(like, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(like))
+
+
+def section_from_mapping(cls: type, raw: Mapping[str, Any] | None, source: str, where: str) -> Any:
+    """One settings dataclass from the mapping at `where` (e.g. "orchestra.sft") of file `source`:
+    unknown keys and values of the wrong type raise InputError, and the values are validated."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise InputError(source, where, "expected a mapping")
+    defaults = cls()
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise InputError(source, f"{where}.{unknown[0]}", "unknown key")
+    settings = cls(**{k: checked_value(f"{where}.{k}", v, getattr(defaults, k), source) for k, v in raw.items()})
+    settings.validate(source, where)
+    return settings
+
+
 def load_params(path: str | Path = "params.yaml", sections: tuple[str, ...] | None = None) -> Params:
     """Load params.yaml. With `sections`, only those sections are kept (the rest take defaults)."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(read_text(path)) or {}
-    except yaml.YAMLError as exc:
-        raise InputError(path, "<file>", f"not valid YAML: {exc}") from exc
+    raw = read_yaml_mapping(path)
     if sections is not None:
         raw = {k: v for k, v in raw.items() if k in sections}
     return _build(Params, raw, path, "")

@@ -99,3 +99,18 @@ def read_json_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
             raise InputError(path, f"line {number}", "expected a JSON object")
         rows.append((number, obj))
     return rows
+
+
+def read_yaml_mapping(path: str | Path) -> dict:
+    """A YAML file whose top level is a mapping (an empty file reads as {}): InputError naming the file
+    for invalid YAML, a non-UTF-8 file or another top-level type."""
+    import yaml
+
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(read_text(path)) or {}
+    except yaml.YAMLError as exc:
+        raise InputError(path, "<file>", f"not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise InputError(path, "<file>", "expected a mapping")
+    return raw

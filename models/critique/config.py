@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from routerops.config import section_from_mapping
 from routerops.errors import InputError
-from routerops.files import read_text
+from routerops.files import read_yaml_mapping
 
 SECTION = "critique"
 MODES = ("low", "medium", "high")  # CoRL §3.3 eq. 8: the budget level named in the controller's input
@@ -141,54 +140,21 @@ def _positive(value: Any, source: str, where: str) -> None:
         raise InputError(source, where, f"must be > 0, got {value!r}")
 
 
-def _checked(where: str, value: Any, default: Any, source: str) -> Any:
-    """`value` in the type of the field's default (an int is a valid float, a list a tuple)."""
-    expected = type(default)
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if expected is tuple and isinstance(value, list):
-        return tuple(value)
-    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-        raise InputError(source, where, f"expected {expected.__name__}, got {value!r}")
-    return value
-
-
 NESTED = {"policy": PolicySettings, "grpo": GRPOSettings, "corl": CorlSettings}
-
-
-def _section(cls: type, raw: Any, source: str, where: str) -> Any:
-    raw = {} if raw is None else raw
-    if not isinstance(raw, Mapping):
-        raise InputError(source, where, "expected a mapping")
-    defaults = cls()
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
-    if unknown:
-        raise InputError(source, f"{where}.{unknown[0]}", "unknown key")
-    values = {}
-    for key, value in raw.items():
-        nested = NESTED.get(key) if cls is CritiqueConfig else None
-        values[key] = (_section(nested, value, source, f"{where}.{key}") if nested
-                       else _checked(f"{where}.{key}", value, getattr(defaults, key), source))
-    settings = cls(**values)
-    settings.validate(source, where)
-    return settings
 
 
 def critique_config(raw: Mapping[str, Any] | None, source: str = "params.yaml") -> CritiqueConfig:
     """CritiqueConfig from the `critique` mapping: unknown keys and wrong types raise InputError."""
-    return _section(CritiqueConfig, raw, source, SECTION)
+    raw = {} if raw is None else raw
+    if not isinstance(raw, Mapping):
+        raise InputError(source, SECTION, "expected a mapping")
+    top = section_from_mapping(CritiqueConfig, {k: v for k, v in raw.items() if k not in NESTED}, source, SECTION)
+    nested = {name: section_from_mapping(cls, raw.get(name), source, f"{SECTION}.{name}") for name, cls in NESTED.items()}
+    return dataclasses.replace(top, **nested)
 
 
 def load_critique_config(path: str | Path = "params.yaml") -> CritiqueConfig:
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(read_text(path)) or {}
-    except yaml.YAMLError as exc:
-        raise InputError(path, "<file>", f"not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise InputError(path, "<file>", "expected a mapping")
-    return critique_config(raw.get(SECTION), source=str(path))
+    return critique_config(read_yaml_mapping(path).get(SECTION), source=str(path))
 
 
 def with_overrides(config: CritiqueConfig, **sections: Mapping[str, Any]) -> CritiqueConfig:

@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
+from routerops.config import checked_value, section_from_mapping  # noqa: F401  (re-exported for rl, advantages)
 from routerops.errors import InputError, RouteropsError
-from routerops.files import read_text
+from routerops.files import read_yaml_mapping
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda", "auto")
@@ -140,37 +139,6 @@ class OrchestraConfig:
     source: str = "orchestra"  # the file it came from, for error messages (not a params.yaml key)
 
 
-def checked_value(name: str, value: Any, default: Any, source: str) -> Any:
-    """`value` in the type of the field's default (an int is a valid float, a list a tuple)."""
-    expected = type(default)
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if expected is tuple and isinstance(value, list):
-        value = tuple(value)
-    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-        raise InputError(source, name, f"expected {expected.__name__}, got {value!r}")
-    if expected is tuple and not all(isinstance(v, str) for v in value):
-        raise InputError(source, name, "expected a list of strings")
-    return value
-
-
-def section_from_mapping(cls: type, raw: Mapping[str, Any] | None, source: str, where: str) -> Any:
-    """One settings dataclass from the mapping at `where` (e.g. "orchestra.sft") of file `source`:
-    unknown keys and values of the wrong type raise InputError, and the values are validated."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, Mapping):
-        raise InputError(source, where, "expected a mapping")
-    defaults = cls()
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
-    if unknown:
-        raise InputError(source, f"{where}.{unknown[0]}", "unknown key")
-    settings = cls(**{k: checked_value(f"{where}.{k}", v, getattr(defaults, k), source) for k, v in raw.items()})
-    settings.validate(source, where)
-    return settings
-
-
 LM_SECTIONS = {"model": ModelSpec, "controller": GenerationSettings, "sft": SFTSettings}
 
 
@@ -190,12 +158,7 @@ def orchestra_config(raw: Mapping[str, Any] | None, source: str = "orchestra") -
 def load_orchestra_config(path: str | Path = "params.yaml") -> OrchestraConfig:
     """The `orchestra` section of a params file (params.yaml, configs/paper/orchestra.yaml)."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(read_text(path)) or {}
-    except yaml.YAMLError as exc:
-        raise InputError(path, "<file>", f"not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise InputError(path, "<file>", "expected a mapping")
+    raw = read_yaml_mapping(path)
     section = raw.get("orchestra") or {}
     if not isinstance(section, dict):
         raise InputError(path, "orchestra", "expected a mapping")

@@ -57,7 +57,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from models.orchestrator.advantages import (CONFIG_SECTION, AdvantageConfig, advantage_config,
                                             masked_token_advantages)
@@ -65,7 +64,7 @@ from models.orchestrator.config import DEVICES, DTYPES, LLAMA_LINEAR_MODULES, se
 from models.orchestrator.lm import load_causal_lm, load_tokenizer, resolve_device, seeded
 from models.orchestrator.sft_data import tokenize_conversation
 from routerops.errors import InputError, RouteropsError
-from routerops.files import read_text
+from routerops.files import read_yaml_mapping
 from routerops.orchestra.controller import ControllerTurn, Message
 
 log = logging.getLogger(__name__)
@@ -183,12 +182,7 @@ def rl_config(raw: Mapping[str, Any] | None, source: str = CONFIG_SECTION) -> RL
 def load_rl_config(path: str | Path = "params.yaml") -> RLConfig:
     """The `orchestra.rl` section of a params file (absent: the defaults)."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(read_text(path)) or {}
-    except yaml.YAMLError as exc:
-        raise InputError(path, "<file>", f"not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise InputError(path, "<file>", "expected a mapping")
+    raw = read_yaml_mapping(path)
     orchestra = raw.get("orchestra") or {}
     if not isinstance(orchestra, dict):
         raise InputError(path, "orchestra", "expected a mapping")

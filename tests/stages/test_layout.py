@@ -11,7 +11,7 @@ from routerops.layout import Layout
 from stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
-DVC_FILES = [ROOT / "dvc.yaml", ROOT / "pipelines/mtrouter/dvc.yaml", ROOT / "pipelines/orchestra/dvc.yaml"]
+DVC_FILES = [ROOT / "dvc.yaml", *(ROOT / f"pipelines/{name}/dvc.yaml" for name in ("mtrouter", "orchestra", "critique"))]
 
 
 def declared(entries) -> set[str]:
