@@ -40,7 +40,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -123,30 +122,6 @@ def run_order(rounds: int) -> list[str]:
 
 # ---- measurement ---------------------------------------------------------------------------------
 
-class PeakRSS:
-    """Peak resident memory of this process while running, sampled every 20 ms."""
-
-    def __init__(self):
-        import psutil
-
-        self.process = psutil.Process()
-        self.peak = self.process.memory_info().rss
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self.sample, daemon=True)
-
-    def sample(self):
-        while not self.done.wait(0.02):
-            self.peak = max(self.peak, self.process.memory_info().rss)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        self.thread.join()
-
-
 def rss_mib() -> float:
     import psutil
 
@@ -174,6 +149,7 @@ def measure_ours(args, folder: Path, shared: dict) -> dict:
     from models.orchestrator.advantages import group_normalised
     from models.orchestrator.config import GenerationSettings
     from models.orchestrator.lm import LMController
+    from benchmarks.sft_throughput import PeakRSS
     from models.orchestrator.rl import RLSettings, RLTrainer, RolloutBatch
 
     class FixedLengthController(LMController):
@@ -239,6 +215,8 @@ def measure_trl(args, folder: Path, shared: dict) -> dict:
     from peft import LoraConfig
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
+
+    from benchmarks.sft_throughput import PeakRSS
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prompt, prompt_tokens = fit_prompt(lambda m: len(tokenizer.apply_chat_template(
@@ -334,10 +312,6 @@ def spawn_side(side: str, args, folder: Path, shared: dict, out: Path) -> dict:
     return record
 
 
-def versions() -> dict[str, str]:
-    return {name: metadata.version(name) for name in ("torch", "transformers", "trl", "peft", "accelerate", "datasets")}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--group-size", type=int, default=4, help="G: completions per prompt and step")
@@ -364,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.group_size < 2:
         parser.error("--group-size must be ≥ 2 (TRL's GRPO normalises within the group)")
 
+    from benchmarks.sft_throughput import versions
     from models.embeddings import cpu_flags
     from models.orchestrator.config import load_orchestra_config
     from models.orchestrator.lm import base_model_folder
