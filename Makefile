@@ -19,7 +19,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: install sandbox-backend demo test test-fast mlflow-ui benchmarks replay critique mtrouter orchestra clean
+.PHONY: install sandbox-backend demo test test-fast mlflow-ui benchmarks bench-rl replay critique mtrouter orchestra clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,11 @@ benchmarks: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/collect_throughput.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/routing_latency.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/sandbox_overhead.py
+
+# Seconds per RL step and peak RSS of our trainer vs TRL's GRPOTrainer (G=4, 256-token prompt, 64-token
+# completions; a few minutes on 2 cores). Scale up with ARGS, e.g. make bench-rl ARGS="--group-size 8 --rounds 3".
+bench-rl: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/rl_step.py $(ARGS)
 
 clean:
 	rm -rf data reports .routerops .prefect

@@ -741,7 +741,7 @@ async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: st
     # max_new_tokens); old log-probs are still recomputed by the trainer (RolloutBatch: exact ρ = 1
     # at the update of a synchronous loop).
     batch = dataclasses.replace(batch, old_known=torch.zeros_like(batch.old_known))
-    stats = trainer.step(trainer.prepare(batch))
+    stats = trainer.step(batch)  # one update per group: old log-probs from its own forward pass
     with open(rollouts, "a") as fh:  # what the step trained on, for inspection (not a resume journal)
         for r in results:
             fh.write(json.dumps({"step": n, "episode": r.episode, "turns": r.turns}, default=str) + "\n")

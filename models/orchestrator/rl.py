@@ -289,11 +289,11 @@ class RolloutBatch:
     stopped it, exactly SFT's assistant mask (sft_data.tokenize_conversation; §4.2: "𝒯_i coincides with
     the SFT loss mask"). advantages holds each turn's advantage on that turn's tokens, 0 elsewhere.
 
-    Old log-probs. The default is to recompute them with the policy before the update
-    (`RLTrainer.prepare`), for three reasons: (1) the conversation is re-tokenised from its text, and
-    BPE need not give back the ids that were generated (a turn sampled as " 4" "2" re-encodes as " 42";
-    special tokens the policy emitted are dropped from the text), so generated log-probs need not
-    belong to the tokens trained on; (2) they are of the sampler's distribution, which top-p
+    Old log-probs. The default is to recompute them with the policy before the update (`RLTrainer.step`
+    takes them from its own forward pass; `RLTrainer.prepare` computes them ahead, for several epochs),
+    for three reasons: (1) the conversation is re-tokenised from its text, and BPE need not give back the
+    ids that were generated (a turn sampled as " 4" "2" re-encodes as " 42"; special tokens the policy
+    emitted are dropped from the text), so generated log-probs need not belong to the tokens trained on; (2) they are of the sampler's distribution, which top-p
     renormalises and the trainer cannot reproduce; (3) a fresh forward pass gives π_old with the very
     computation π_θ gets (ρ = 1 exactly at the first update, rather than off by batched-decoding
     rounding). This is exact when rollouts are sampled by the policy being trained, as in a synchronous
@@ -459,10 +459,12 @@ class RLTrainer:
       reference's no-grad forward pass. A LoRA adapter is ~2% of SmolLM2's weights (r = 8 on every
       projection); a second whole model would double the memory and the load time.
 
-    Use: `batch = trainer.prepare(batch)` once per rollout group (old and reference log-probs, no
-    grad), then `trainer.step(batch)` once, or several times for several PPO epochs on the same
-    rollouts (the old log-probs stay those of the policy before the first). `save(dir)` / `resume(dir)`
-    checkpoint the adapter, AdamW's state and the step count; the writes are atomic."""
+    Use: `trainer.step(batch)` for one update per rollout group (the synchronous loop; the old
+    log-probs it needs come from its own forward pass). For several PPO epochs on the same rollouts,
+    `batch = trainer.prepare(batch)` first (old and reference log-probs, no grad), then
+    `trainer.step(batch)` per epoch: the old log-probs stay those of the policy before the first.
+    `save(dir)` / `resume(dir)` checkpoint the adapter, AdamW's state and the step count; the writes
+    are atomic."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, settings: RLSettings, base_folder: Path,
                  sft_adapter: Path | None, step: int = 0):
@@ -583,11 +585,19 @@ class RLTrainer:
     def step(self, batch: RolloutBatch) -> dict[str, float]:
         """One AdamW update on the batch; returns the loss and its diagnostics as they were before the
         update (policy_loss's keys), the gradient norm before clipping, the mean log-prob of the
-        controller tokens, the step count after the update and the step's seconds."""
+        controller tokens, the step count after the update and the step's seconds.
+
+        Old log-probs neither given nor prepared are taken from this update's own forward pass, detached:
+        the weights are those `prepare` would have used a moment earlier, so the values are the same
+        (ρ = 1 exactly) for one forward pass fewer (TRL's GRPOTrainer does the same at num_iterations =
+        1; benchmarks/rl_step.py measures it). Only the reference's no-grad pass runs first."""
         started = time.perf_counter()
-        batch = self.prepare(batch)
+        batch = batch.to(self.device)
+        if batch.ref_logprobs is None:
+            batch = dataclasses.replace(batch, ref_logprobs=self.logprobs(batch, reference=True))
         new = sequence_logprobs(self.model, batch, self.settings.temperature)
-        loss, stats = policy_loss(new, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.mask,
+        old = torch.where(batch.old_known, batch.old_logprobs, new.detach())
+        loss, stats = policy_loss(new, old, batch.ref_logprobs, batch.advantages, batch.mask,
                                   self.settings.clip_epsilon, self.settings.kl_beta)
         if not torch.isfinite(loss):
             raise RouteropsError(f"RL step {self.step_count + 1}: the loss is {float(loss)}; no update made")

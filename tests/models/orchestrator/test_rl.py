@@ -356,3 +356,18 @@ def test_an_sft_adapter_is_the_frozen_reference_and_the_policys_start(smollm2_fo
     assert resumed.sft_adapter == tmp_path / "sft" and resumed.step_count == 2
     assert row_logprobs(resumed, batch, reference=True).tolist() == reference.tolist()
 
+
+
+@pytest.mark.slow
+def test_a_step_on_an_unprepared_batch_is_the_step_on_the_prepared_one(smollm2_folder, rollout):
+    # step() takes the old log-probs from its own forward pass instead of prepare()'s extra no-grad pass
+    # (benchmarks/rl_step.py): the same weights, so the same loss, statistics and update.
+    prepared, direct = RLTrainer.create(SETTINGS, smollm2_folder), RLTrainer.create(SETTINGS, smollm2_folder)
+    expected = prepared.step(prepared.prepare(rollout))
+    got = direct.step(rollout)
+    assert {k: v for k, v in got.items() if k != "seconds"} == pytest.approx(
+        {k: v for k, v in expected.items() if k != "seconds"}, rel=1e-6, abs=1e-9)
+    assert got["ratio"] == 1 and got["kl"] == 0
+    for (name, a), (_, b) in zip(prepared.model.named_parameters(), direct.model.named_parameters()):
+        if a.requires_grad:
+            assert torch.allclose(a, b, rtol=1e-6, atol=1e-9), name
