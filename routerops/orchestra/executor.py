@@ -5,7 +5,9 @@ and the task as the first user message; then, turn by turn, the controller write
 the turn (grammar.py) and either ends the episode on a <final_answer>, or runs the plan: subtasks whose
 dependencies are done are dispatched in parallel, blind (dispatch.py), and their results come back in
 one user message of escaped <obs> blocks. A group of episodes of one task (RL's G rollouts, 004 §5)
-shares each controller call: every turn of the group is one batched `respond`.
+shares each controller call: every turn of the group is one batched `respond`. `run_tree` grows the
+group as a rollout tree for tree-GRPO (004 App. B): siblings split off a running episode and share its
+prefix.
 
 Limits, checked before every call: the turn limit Tmax (controller turns; 004 §5 uses 8) before each
 controller turn, the budget before each controller turn and each worker call (dispatch.py). A refused
