@@ -163,7 +163,7 @@ class Gateway:
         budget = min(remaining, request_budget)
         decision = await asyncio.to_thread(
             decide, champion.router, champion.name, champion.version, self.book, messages, self.systems, max_tokens,
-            budget, remaining, cost_weight, self.cfg.epsilon, self._rng, uuid.uuid4().hex)
+            budget, remaining, cost_weight, self.cfg.epsilon, self._rng, uuid.uuid4().hex, champion.embed)
         if decision is None:
             raise RequestError(429, over_budget_message(key, remaining, request_budget, self, champion, messages,
                                                         max_tokens), "insufficient_quota", "budget_exceeded")
@@ -209,10 +209,9 @@ class Gateway:
         cost = (self.book.cost(worker, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
                                usage.get("cached_tokens", 0)) if worker else 0.0)
         cost = min(cost, call.held.nusd / 1e9)  # never above what was reserved (store.settle caps it too)
-        self.store.settle(call.held, cost)
         d = call.decision
         query = flatten_messages(call.body["messages"]) if self.cfg.log_texts else ""
-        self.store.log_decision({
+        self.store.settle(call.held, cost, {
             "decision_id": d.decision_id, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "key_id": call.key.key_id, "router": d.router, "router_version": d.router_version,
             "price_book_version": self.book.version, "query_id": d.query_id, "query": query, "chosen": d.chosen,

@@ -21,6 +21,7 @@ from typing import Callable
 
 from evaluation.registry import champion_version, load_registered
 from evaluation.serving import ServedRouter
+from gateway.routing import EmbeddingCache
 from routerops.pricing import Pool, PriceBook
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class Champion:
     version: str
     router: ServedRouter
     loaded_at: str
+    embed: EmbeddingCache | None = None  # the router's encoder behind an LRU (None: reads no embedding)
 
 
 def serving_problem(servable: object, pool: Pool, book: PriceBook) -> str | None:
@@ -85,7 +87,8 @@ class Champions:
             log.warning("refused champion %s v%s: %s (still serving %s)", name, version, problem,
                         f"v{held.version}" if held else "nothing")
             return
-        self._current[name] = Champion(name, version, servable, _now())  # one assignment: the swap
+        embed = EmbeddingCache(servable.encoder) if servable.encoder is not None else None
+        self._current[name] = Champion(name, version, servable, _now(), embed)  # one assignment: the swap
         log.info("serving %s v%s (was %s)", name, version, f"v{held.version}" if held else "none")
 
     def start(self, interval_s: float) -> None:

@@ -70,4 +70,4 @@ def serve_command(args: argparse.Namespace) -> None:
         gw = Gateway(GatewayConfig(routers=tuple(args.routers), **fields))
         gw.champions.start(gw.cfg.watch_interval_s)
         stack.callback(gw.champions.stop)
-        uvicorn.run(create_app(gw), host=args.host, port=args.port, log_level="info")
+        uvicorn.run(create_app(gw), host=args.host, port=args.port, log_level="warning", access_log=False)

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import random
+import threading
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from evaluation.servable import cap_text
 from evaluation.serving import ServedRouter
 from routerops.pricing import PriceBook
 
@@ -51,6 +54,33 @@ def prompt_token_bound(messages: list[dict[str, Any]], system: str = "") -> int:
     text_bytes = sum(len(content_text(m.get("content")).encode("utf-8")) for m in messages)
     return (text_bytes + len(system.encode("utf-8")) + TEMPLATE_TOKENS_PER_MESSAGE * (len(messages) + 1)
             + TEMPLATE_TOKENS_FIXED)
+
+
+class EmbeddingCache:
+    """An in-memory LRU of query embeddings in front of a router's sentence encoder: applications
+    resend the same prompts (retries, templates, the same question from many users), and the encoder
+    dominates a decision's time (measured in benchmarks/gateway_overhead.py)."""
+
+    def __init__(self, encoder, size: int = 10_000):
+        self.encoder, self.size = encoder, size
+        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()  # decisions run in worker threads
+        self.hits = self.misses = 0
+
+    def __call__(self, text: str) -> np.ndarray:
+        with self._lock:
+            vector = self._vectors.get(text)
+            if vector is not None:
+                self._vectors.move_to_end(text)
+                self.hits += 1
+                return vector
+        vector = np.asarray(self.encoder.encode([cap_text(text)]))[0]  # what routing_data would embed
+        with self._lock:
+            self.misses += 1
+            self._vectors[text] = vector
+            if len(self._vectors) > self.size:
+                self._vectors.popitem(last=False)
+        return vector
 
 
 @dataclass(frozen=True)
@@ -98,10 +128,11 @@ def _finite(record: dict[str, Any]) -> dict[str, Any]:
 def decide(router: ServedRouter, name: str, version: str, book: PriceBook, messages: list[dict[str, Any]],
            systems: dict[str, str], max_tokens: int, budget_usd: float, key_remaining_usd: float,
            cost_weight: float = 0.0, epsilon: float = 0.0, rng: random.Random | None = None,
-           decision_id: str = "") -> Decision | None:
+           decision_id: str = "", embed: EmbeddingCache | None = None) -> Decision | None:
     """The decision for one request, or None when no worker's worst case fits in the budget."""
     query = flatten_messages(messages)
-    quality = router.quality(router.routing_data([query]))[0]
+    embeddings = embed(query)[None, :] if embed is not None else None
+    quality = router.quality(router.routing_data([query], embeddings))[0]
     workers = router.workers
     worst = np.array([book.cost(w, prompt_token_bound(messages, systems.get(w, "")), max_tokens) for w in workers])
     affordable = worst <= budget_usd
