@@ -1,6 +1,6 @@
 """Command line: `routerops stage NAME` (any stage of any pipeline; what dvc.yaml runs),
 `routerops replay`, `routerops reprice`, `routerops validate`, `routerops import-qa`,
-`routerops import-routellm`.
+`routerops import-routellm`, `routerops gateway serve|keys create` (gateway/cli.py).
 
 Errors in user input end with exit code 2 and one line naming the file and the field.
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from evaluation.replay import run_replay_benchmark, split_table
+from gateway.cli import add_gateway_parser
 from models.baselines import PromptedLLMRouter
 from models.registry import ROUTER_FACTORIES
 from routerops import schema
@@ -229,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--bootstrap", type=int, default=1000)
     replay.add_argument("--out", default="reports/replay/leaderboard.csv")
     replay.set_defaults(func=replay_command)
+
+    add_gateway_parser(sub)
     return parser
 
 

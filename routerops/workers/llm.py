@@ -129,20 +129,7 @@ class LLMWorker:
         return self._client
 
     def _request(self, payload: Payload, max_tokens: int | None) -> dict:
-        gen = self.spec.generation
-        messages = [{"role": "user", "content": payload}] if isinstance(payload, str) else list(payload)
-        system = gen.get("system")
-        if system:
-            if messages and messages[0].get("role") == "system":  # one system message: chat templates expect that
-                messages[0] = {"role": "system", "content": f"{system}\n\n{messages[0]['content']}"}
-            else:
-                messages.insert(0, {"role": "system", "content": system})
-        request = {"model": self.spec.model or self.spec.name, "messages": messages}
-        limit = max_tokens if max_tokens is not None else gen.get("max_tokens")
-        if limit is not None:
-            request["max_tokens"] = int(limit)
-        request.update({k: v for k, v in gen.items() if k in REQUEST_PARAMS})
-        return request
+        return chat_request(self.spec, payload, max_tokens)
 
     async def _attempt(self, request: dict) -> WorkerResult:
         async with self._slots:
@@ -153,6 +140,27 @@ class LLMWorker:
             finally:
                 self.stats.in_flight -= 1
         return _to_result(completion)
+
+
+
+def chat_request(spec: WorkerSpec, payload: Payload, max_tokens: int | None = None) -> dict:
+    """The chat-completions request for `payload` on worker `spec`: its system prompt first (merged
+    into the caller's system message), its model name, its generation settings, `max_tokens` if given
+    (else the worker's). Shared by LLMWorker and the gateway, so both call a worker the same way."""
+    gen = spec.generation
+    messages = [{"role": "user", "content": payload}] if isinstance(payload, str) else list(payload)
+    system = gen.get("system")
+    if system:
+        if messages and messages[0].get("role") == "system":  # one system message: chat templates expect that
+            messages[0] = {"role": "system", "content": f"{system}\n\n{messages[0]['content']}"}
+        else:
+            messages.insert(0, {"role": "system", "content": system})
+    request = {"model": spec.model or spec.name, "messages": messages}
+    limit = max_tokens if max_tokens is not None else gen.get("max_tokens")
+    if limit is not None:
+        request["max_tokens"] = int(limit)
+    request.update({k: v for k, v in gen.items() if k in REQUEST_PARAMS})
+    return request
 
 
 def _to_result(completion) -> WorkerResult:

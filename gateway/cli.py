@@ -1,0 +1,73 @@
+"""`routerops gateway serve` and `routerops gateway keys create` (added to stages/cli.py's parser).
+
+A key is printed once, on stdout, when it is created; only its sha256 is stored, and it is never logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+
+from gateway.app import Gateway, GatewayConfig, create_app
+from gateway.store import PERIODS, Store
+from routerops.config import TrackConfig
+
+DEFAULT_DB = GatewayConfig.__dataclass_fields__["db_url"].default
+
+
+def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
+    gateway = sub.add_parser("gateway", help="serve the champion router behind an OpenAI-compatible API")
+    commands = gateway.add_subparsers(dest="gateway_command", required=True)
+
+    serve = commands.add_parser("serve", help="run the gateway (uvicorn)")
+    serve.add_argument("--router", action="append", required=True, dest="routers",
+                       help="registered router name to serve (repeatable; the first is model 'auto')")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--tracking-uri", default=None,
+                       help="MLflow store holding the registry (default: MLFLOW_TRACKING_URI, else params' track)")
+    serve.add_argument("--local-server", action="store_true",
+                       help="start the embedded llama.cpp server for workers with endpoint 'local'")
+    for name, spec in GatewayConfig.__dataclass_fields__.items():
+        if name == "routers":
+            continue
+        flag = "--" + name.replace("_", "-")
+        if spec.type == "bool":
+            serve.add_argument(flag, action=argparse.BooleanOptionalAction, default=spec.default)
+        else:
+            kind = {"float": float, "int": int}.get(spec.type, str)
+            serve.add_argument(flag, type=kind, default=spec.default)
+    serve.set_defaults(func=serve_command)
+
+    keys = commands.add_parser("keys", help="API keys and their budgets")
+    key_commands = keys.add_subparsers(dest="keys_command", required=True)
+    create = key_commands.add_parser("create", help="create a key with a USD budget per period (printed once)")
+    create.add_argument("--budget-usd", type=float, required=True)
+    create.add_argument("--period", choices=PERIODS, default="day")
+    create.add_argument("--name", default="")
+    create.add_argument("--db-url", default=DEFAULT_DB)
+    create.set_defaults(func=create_key_command)
+
+
+def create_key_command(args: argparse.Namespace) -> None:
+    key, info = Store(args.db_url).create_key(args.budget_usd, args.period, args.name)
+    print(json.dumps({"api_key": key, "key_id": info.key_id, "budget_usd": info.budget_usd, "period": info.period}))
+
+
+def serve_command(args: argparse.Namespace) -> None:
+    import mlflow
+    import uvicorn
+
+    from routerops.workers.server import local_llm_server
+
+    mlflow.set_tracking_uri(args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", TrackConfig().tracking_uri))
+    fields = {k: getattr(args, k) for k in GatewayConfig.__dataclass_fields__ if k != "routers"}
+    with contextlib.ExitStack() as stack:
+        if args.local_server and not fields["local_base_url"]:
+            fields["local_base_url"] = stack.enter_context(local_llm_server())
+        gw = Gateway(GatewayConfig(routers=tuple(args.routers), **fields))
+        gw.champions.start(gw.cfg.watch_interval_s)
+        stack.callback(gw.champions.stop)
+        uvicorn.run(create_app(gw), host=args.host, port=args.port, log_level="warning", access_log=False)

@@ -1,0 +1,160 @@
+"""One routing decision: every worker's estimated quality (the champion router) and worst-case cost
+(the price book), the budget rule, and the order to fall back in.
+
+Worst-case cost. The budget must hold before the call, when the answer's length is unknown, so a
+worker's cost is bounded by its price for an upper bound of the prompt's tokens and the request's
+`max_tokens` (always sent to the worker, so the bound holds). A byte-level BPE token covers at least
+one byte, so the UTF-8 byte count of the messages, plus a few template tokens per message, bounds the
+prompt's tokens.
+
+Rule (evaluation/serving.py's budget rule, with an optional cost weight λ): among the workers whose
+worst case fits in the budget (the key's remaining budget, or the request's `budget_usd` if lower),
+the one with the highest q̂ − λ·cost (ties: the cheaper); with exploration ε > 0 a uniformly drawn
+affordable worker with probability ε, so the logged propensities support off-policy evaluation.
+The fallback order is the remaining affordable workers by the same utility.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from evaluation.servable import cap_text
+from evaluation.serving import ServedRouter
+from routerops.pricing import PriceBook
+
+TEMPLATE_TOKENS_PER_MESSAGE = 8  # role markers and separators of a chat template
+TEMPLATE_TOKENS_FIXED = 16  # the generation prompt and BOS
+
+
+def flatten_messages(messages: list[dict[str, Any]]) -> str:
+    """What the router reads: the user turns' text, in order (a chat history flattened to one string)."""
+    parts = [content_text(m.get("content")) for m in messages if m.get("role") == "user"]
+    text = "\n".join(p for p in parts if p.strip())
+    return text or "\n".join(content_text(m.get("content")) for m in messages)
+
+
+def content_text(content: Any) -> str:
+    """A message's text: a string, or the text parts of a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def prompt_token_bound(messages: list[dict[str, Any]], system: str = "") -> int:
+    """An upper bound of the prompt tokens of `messages` plus a worker's system prompt."""
+    text_bytes = sum(len(content_text(m.get("content")).encode("utf-8")) for m in messages)
+    return (text_bytes + len(system.encode("utf-8")) + TEMPLATE_TOKENS_PER_MESSAGE * (len(messages) + 1)
+            + TEMPLATE_TOKENS_FIXED)
+
+
+class EmbeddingCache:
+    """An in-memory LRU of query embeddings in front of a router's sentence encoder: applications
+    resend the same prompts (retries, templates, the same question from many users), and the encoder
+    dominates a decision's time (measured in benchmarks/gateway_overhead.py)."""
+
+    def __init__(self, encoder, size: int = 10_000):
+        self.encoder, self.size = encoder, size
+        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()  # decisions run in worker threads
+        self.hits = self.misses = 0
+
+    def __call__(self, text: str) -> np.ndarray:
+        with self._lock:
+            vector = self._vectors.get(text)
+            if vector is not None:
+                self._vectors.move_to_end(text)
+                self.hits += 1
+                return vector
+        vector = np.asarray(self.encoder.encode([cap_text(text)]))[0]  # what routing_data would embed
+        with self._lock:
+            self.misses += 1
+            self._vectors[text] = vector
+            if len(self._vectors) > self.size:
+                self._vectors.popitem(last=False)
+        return vector
+
+
+@dataclass(frozen=True)
+class Candidate:
+    worker: str
+    quality: float  # the router's estimate
+    worst_cost_usd: float  # price book × (prompt bound, max_tokens)
+    affordable: bool
+    utility: float  # quality − λ·cost for affordable workers, −inf otherwise
+
+
+@dataclass
+class Decision:
+    decision_id: str
+    router: str
+    router_version: str
+    query_id: str
+    candidates: list[Candidate]
+    budget_usd: float  # what decided: min(key's remaining budget, request budget)
+    key_remaining_usd: float
+    cost_weight: float  # λ
+    epsilon: float
+    chosen: str
+    propensity: float
+    order: list[str]  # chosen first, then the fallbacks
+    max_tokens: int
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # one per worker tried
+
+    def candidate(self, worker: str) -> Candidate:
+        return next(c for c in self.candidates if c.worker == worker)
+
+    def explanation(self) -> dict[str, Any]:
+        return {"router": self.router, "router_version": self.router_version, "budget_usd": self.budget_usd,
+                "key_remaining_usd": self.key_remaining_usd, "cost_weight": self.cost_weight,
+                "epsilon": self.epsilon, "chosen": self.chosen, "propensity": self.propensity,
+                "fallback_order": self.order[1:], "max_tokens": self.max_tokens,
+                "candidates": [_finite(asdict(c)) for c in self.candidates], "attempts": self.attempts}
+
+
+def _finite(record: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no infinity: an unaffordable worker's utility reads null."""
+    return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in record.items()}
+
+
+def decide(router: ServedRouter, name: str, version: str, book: PriceBook, messages: list[dict[str, Any]],
+           systems: dict[str, str], max_tokens: int, budget_usd: float, key_remaining_usd: float,
+           cost_weight: float = 0.0, epsilon: float = 0.0, rng: random.Random | None = None,
+           decision_id: str = "", embed: EmbeddingCache | None = None) -> Decision | None:
+    """The decision for one request, or None when no worker's worst case fits in the budget."""
+    query = flatten_messages(messages)
+    embeddings = embed(query)[None, :] if embed is not None else None
+    quality = router.quality(router.routing_data([query], embeddings))[0]
+    workers = router.workers
+    worst = np.array([book.cost(w, prompt_token_bound(messages, systems.get(w, "")), max_tokens) for w in workers])
+    affordable = worst <= budget_usd
+    if not affordable.any():
+        return None
+    rank = np.argsort(np.argsort(worst, kind="stable"), kind="stable")  # exact ties go to the cheaper
+    utility = np.where(affordable, quality - cost_weight * worst - 1e-9 * rank, -np.inf)
+    order = [workers[j] for j in np.argsort(-utility, kind="stable") if affordable[j]]
+    chosen, propensity = _explore(order, epsilon, rng or random.Random())
+    order = [chosen] + [w for w in order if w != chosen]
+    candidates = [Candidate(w, float(quality[j]), float(worst[j]), bool(affordable[j]), float(utility[j]))
+                  for j, w in enumerate(workers)]
+    return Decision(decision_id, name, version, hashlib.sha256(query.encode()).hexdigest()[:16], candidates,
+                    float(budget_usd), float(key_remaining_usd), float(cost_weight), float(epsilon), chosen,
+                    propensity, order, int(max_tokens))
+
+
+def _explore(order: list[str], epsilon: float, rng: random.Random) -> tuple[str, float]:
+    """ε-greedy over the affordable workers (best first): the choice and its probability."""
+    k = len(order)
+    if epsilon > 0 and rng.random() < epsilon:
+        pick = rng.choice(order)
+    else:
+        pick = order[0]
+    return pick, (1 - epsilon) * (pick == order[0]) + epsilon / k

@@ -1,0 +1,59 @@
+"""Keys and budgets on a real SQLite database: hashed keys, atomic reservations under thread races,
+settlement capped at the reservation, and the `routerops gateway keys create` command."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from gateway.store import BudgetRefused, Store, period_start
+from stages.cli import main
+
+
+def test_keys_are_stored_hashed_and_looked_up_by_hash(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'gw.db'}")
+    key, info = store.create_key(0.25, "month", name="team-a")
+    assert key.startswith(f"rk-{info.key_id}-") and store.lookup(key) == info
+    assert store.lookup(key + "x") is None and store.lookup("") is None
+    raw = sqlite3.connect(tmp_path / "gw.db").execute("select * from gateway_keys").fetchall()
+    assert key not in repr(raw) and key.split("-", 2)[2] not in repr(raw)
+
+
+def test_threads_racing_for_a_budget_never_reserve_more_than_it(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'gw.db'}")
+    _, key = store.create_key(10 * 3e-6, "day")
+
+    def grab(_):
+        try:
+            held = store.reserve(key, 3e-6)
+        except BudgetRefused:
+            return False
+        store.settle(held, 2e-6)  # the real cost is below the worst case
+        return True
+
+    with ThreadPoolExecutor(8) as pool:
+        granted = sum(pool.map(grab, range(40)))
+    spent, reserved = store.spend(key.key_id, period_start("day"))
+    assert reserved == 0 and spent == pytest.approx(2e-6 * granted) and spent <= 10 * 3e-6
+    assert granted >= 10  # settled calls free what they did not use, so more than ten fit
+
+
+def test_settlement_never_charges_more_than_was_reserved(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'gw.db'}")
+    _, key = store.create_key(1e-3, "total")
+    store.settle(store.reserve(key, 1e-4), 5e-4)
+    assert store.spend(key.key_id, "total") == (pytest.approx(1e-4), 0.0)
+    assert store.remaining_usd(key) == pytest.approx(9e-4)
+
+
+def test_keys_create_command_prints_the_key_once(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'gw.db'}"
+    assert main(["gateway", "keys", "create", "--budget-usd", "0.5", "--period", "day", "--db-url", url]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    info = Store(url).lookup(printed["api_key"])
+    assert info.budget_usd == 0.5 and info.period == "day" and info.key_id == printed["key_id"]
+    assert main(["gateway", "keys", "create", "--budget-usd", "-1", "--db-url", url]) == 2
+    assert "--budget-usd" in capsys.readouterr().err
