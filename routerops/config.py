@@ -174,7 +174,8 @@ def section_from_mapping(cls: type, raw: Mapping[str, Any] | None, source: str, 
     if unknown:
         raise InputError(source, f"{where}.{unknown[0]}", "unknown key")
     settings = cls(**{k: checked_value(f"{where}.{k}", v, getattr(defaults, k), source) for k, v in raw.items()})
-    settings.validate(source, where)
+    if hasattr(settings, "validate"):  # a class may check itself in __post_init__ instead
+        settings.validate(source, where)
     return settings
 
 

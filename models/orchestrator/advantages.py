@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from models.orchestrator.config import checked_value
+from routerops.config import section_from_mapping
 from routerops.errors import InputError
 
 ESTIMATORS = ("grpo", "tree_grpo", "mt_grpo", "agentic_grpo")
@@ -105,18 +105,8 @@ def setting_problem(config: AdvantageConfig) -> tuple[str, str] | None:
 def advantage_config(raw: Mapping[str, Any] | None, source: str) -> AdvantageConfig:
     """AdvantageConfig from the `orchestra.rl` mapping of file `source`: unknown keys, values of the
     wrong type and values out of range raise InputError naming `orchestra.rl.<key>`."""
-    raw = {} if raw is None else raw
-    if not isinstance(raw, Mapping):
-        raise InputError(source, CONFIG_SECTION, "expected a mapping")
-    defaults = AdvantageConfig()
-    names = {f.name for f in dataclasses.fields(AdvantageConfig)}
-    unknown = sorted(set(raw) - names)
-    if unknown:
-        raise InputError(source, f"{CONFIG_SECTION}.{unknown[0]}", "unknown key")
-    values = {key: checked_value(f"{CONFIG_SECTION}.{key}", value, getattr(defaults, key), source)
-              for key, value in raw.items()}
     try:
-        return AdvantageConfig(**values)
+        return section_from_mapping(AdvantageConfig, raw, source, CONFIG_SECTION)
     except InvalidSetting as exc:
         raise InputError(source, f"{CONFIG_SECTION}.{exc.key}", exc.problem) from exc
 
