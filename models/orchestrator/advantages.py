@@ -26,7 +26,6 @@ Where the paper says two things, App. B is followed here (the form all four esti
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import defaultdict, deque
 from collections.abc import Hashable, Iterable, Mapping, Sequence

@@ -5,12 +5,11 @@ paper's scale (App. E). Every section rejects unknown keys, so a typo never fall
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from routerops.config import checked_value, section_from_mapping  # noqa: F401  (re-exported for rl, advantages)
+from routerops.config import section_from_mapping
 from routerops.errors import InputError, RouteropsError
 from routerops.files import read_yaml_mapping
 
