@@ -1,7 +1,8 @@
 """The orchestrator's stages (paper 004, Uno-Orchestra §4): tasks → baselines, teacher, probe → verifier
-filter → SFT → evaluate → register.
+filter → SFT → RL → evaluate → register.
 
-orchestra-rl (`rl`) continues from the SFT adapter with Agentic-GRPO on train tasks (004 §4.2, App. B).
+orchestra-rl (`rl`) continues from the SFT adapter with the App. B estimator of orchestra.rl (Agentic-GRPO
+by default; tree-GRPO rolls out trees) on train tasks (004 §4.2, App. B).
 
 Each is `stage(run, layout, *inputs) -> outputs` like every other stage (stages/pipeline.py): the
 Prefect tasks of flows/orchestra.py and `routerops stage orchestra-…` (dvc.yaml) call them. Defaults
