@@ -224,6 +224,29 @@ def log_decision(name: str, version: str, decision: PromotionDecision) -> str:
     return run.info.run_id
 
 
+def retire_champions_routing_to(removed: set[str], reason: str) -> list[dict[str, str]]:
+    """Every champion whose router can route to a worker in `removed` loses its alias and is tagged
+    `eligible=false` with the reason: a champion must never send traffic to a worker that left the
+    pool. The next register step then gates its candidate without a champion. Returns what it retired."""
+    if not removed:
+        return []
+    client, retired = mlflow.MlflowClient(), []
+    for model in client.search_registered_models():
+        version = champion_version(model.name)
+        if version is None:
+            continue
+        workers = set(client.get_model_version(model.name, version).tags.get("workers", "").split(","))
+        gone = sorted(workers & set(removed))
+        if not gone:
+            continue
+        why = f"{reason}: routes to removed worker(s) {', '.join(gone)}"
+        client.set_model_version_tag(model.name, version, "eligible", "false")
+        client.set_model_version_tag(model.name, version, "ineligible.reason", why[:5000])
+        client.delete_registered_model_alias(model.name, CHAMPION_ALIAS)
+        retired.append({"model": model.name, "version": version, "reason": why})
+    return retired
+
+
 # ---------------------------------------------------------------- judging on a logged grid
 
 

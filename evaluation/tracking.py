@@ -73,15 +73,16 @@ def log_stage(manifest: dict[str, Any], commit: str) -> str:
 
 
 def log_pipeline_runs(cfg: TrackConfig, manifest_dir: Path, stage_order: list[str],
-                      run_name: str = "pipeline") -> dict[str, str]:
+                      run_name: str = "pipeline", tags: dict[str, str] | None = None) -> dict[str, str]:
     """Log the manifests of `stage_order` present in `manifest_dir`, in that order, under one parent
-    run; a stage that left several manifests (e.g. one per ablation, `mt-ablation-full.json`) logs each."""
+    run (tagged with `tags`); a stage that left several manifests (e.g. one per ablation,
+    `mt-ablation-full.json`) logs each."""
     use_tracking(cfg)
     commit = git_commit()
     manifests = [json.loads(path.read_text()) for stage in stage_order
                  for path in sorted(manifest_dir.glob(f"{stage}*.json"))]
     with mlflow.start_run(run_name=run_name) as parent:
-        mlflow.set_tags({"git_commit": commit, "stages": ",".join(m["stage"] for m in manifests)})
+        mlflow.set_tags({"git_commit": commit, "stages": ",".join(m["stage"] for m in manifests), **(tags or {})})
         run_ids = {"pipeline": parent.info.run_id}
         for manifest in manifests:
             run_ids[manifest["stage"]] = log_stage(manifest, commit)

@@ -96,6 +96,17 @@ class TrackConfig:
 
 
 @dataclass(frozen=True)
+class OpsConfig:
+    """Retraining as a team's service (flows/retrain.py, flows/deployments.py, `make serve`)."""
+
+    publish_dir: str = "data/published"  # versioned price books and pools (`routerops prices|pool publish`)
+    workspace: str = "retrain"  # the retrain deployment's data, journals and reports (under the repository)
+    retrain_cron: str = "0 4 * * 1"  # the retrain deployment's schedule (cron, UTC): Mondays 04:00
+    work_pool: str = "cpu"  # the process work pool `make serve` creates and starts a worker on
+    gpu_work_pool: str = "gpu"  # the pool the GPU deployments (orchestra-paper, pipeline-gpu) target
+
+
+@dataclass(frozen=True)
 class Params:
     pool: PoolConfig = field(default_factory=PoolConfig)
     materialise: MaterialiseConfig = field(default_factory=MaterialiseConfig)
@@ -106,6 +117,7 @@ class Params:
     register: RegisterConfig = field(default_factory=RegisterConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     track: TrackConfig = field(default_factory=TrackConfig)
+    ops: OpsConfig = field(default_factory=OpsConfig)
     # The MTRouter pipeline's section; typed and checked by stages.mtrouter.load_run.
     mtrouter: dict = field(default_factory=dict)
     # The orchestrator pipeline's section; typed and checked by stages.orchestra.load_run

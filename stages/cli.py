@@ -1,6 +1,7 @@
 """Command line: `routerops stage NAME` (any stage of any pipeline; what dvc.yaml runs),
 `routerops replay`, `routerops reprice`, `routerops validate`, `routerops import-qa`,
-`routerops import-routellm`, `routerops gateway serve|keys create` (gateway/cli.py).
+`routerops import-routellm`, `routerops prices|pool publish FILE`, `routerops gateway serve|keys create`
+(gateway/cli.py).
 
 Errors in user input end with exit code 2 and one line naming the file and the field.
 """
@@ -26,9 +27,12 @@ from routerops.envs.jsonl_qa import import_jsonl_qa
 from routerops.envs.replay import import_routellm_gsm8k, load_logged_outcomes, write_logged_outcomes
 from routerops.envs.suites import write_tasks
 from routerops.errors import InputError, RouteropsError
+from routerops.config import load_params
 from routerops.pricing import load_pool, load_price_book
+from routerops.publishing import POOL, PRICES, in_force, pool_changes, publish
 from routerops.validation import check_column_types, check_trajectory_rows
 from routerops.workers.server import local_llm_server
+from services.prefect_server import emit_published, published_event_name
 from stages import STAGES, run_stage
 from stages.pipeline import reprice_tables
 
@@ -176,6 +180,40 @@ def replay_command(args: argparse.Namespace) -> None:
     schema.write_json_atomic({**meta, "argv": sys.argv[1:]}, meta_path)
 
 
+def publish_command(args: argparse.Namespace) -> None:
+    """Validate, version and store a price book or pool, then emit the event that starts a retrain."""
+    root = Path(args.root)
+    params = load_params(root / args.params, sections=("pool", "reprice", "ops"))
+    store = root / params.ops.publish_dir
+    pool_file = in_force(store, POOL, root / params.pool.file)
+    book_file = in_force(store, PRICES, root / params.reprice.price_book)
+    old_pool = load_pool(pool_file) if args.kind == POOL else None
+    published, changed = publish(args.kind, args.file, store, pool_file=pool_file, book_file=book_file)
+    if not changed:
+        print(f"{args.kind} version {published.version} is already in force; nothing published, no retrain")
+        return
+    changes = pool_changes(old_pool, load_pool(published.path)) if args.kind == POOL else None
+    print(f"published {args.kind} version {published.version} -> {published.path}")
+    if changes is not None:
+        print("workers " + "; ".join(f"{k}: {', '.join(v) or '-'}" for k, v in changes.items()))
+    event_id = emit_published(published, changes)
+    print(f"emitted {published_event_name(args.kind)} (event {event_id}): the retrain deployment's trigger starts "
+          "a retrain" if event_id else "PREFECT_API_URL is not set: no event emitted, no retrain triggered "
+          "(run `python -m flows.retrain`)")
+
+
+def add_publish_parsers(sub: argparse._SubParsersAction) -> None:
+    for kind, what in ((PRICES, "price book"), (POOL, "worker pool")):
+        group = sub.add_parser(kind, help=f"publish a new {what} (starts a retrain)")
+        commands = group.add_subparsers(dest=f"{kind}_command", required=True)
+        cmd = commands.add_parser("publish", help=f"validate, version and publish a {what}; emits "
+                                  f"{published_event_name(kind)} to the Prefect server at PREFECT_API_URL")
+        cmd.add_argument("file")
+        cmd.add_argument("--params", default="params.yaml", help="relative to --root (section ops: publish_dir)")
+        cmd.add_argument("--root", default=".")
+        cmd.set_defaults(func=publish_command, kind=kind)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="routerops", description="cost-aware LLM router pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -231,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--out", default="reports/replay/leaderboard.csv")
     replay.set_defaults(func=replay_command)
 
+    add_publish_parsers(sub)
     add_gateway_parser(sub)
     return parser
 

@@ -29,7 +29,8 @@ from routerops.envs.replay import load_logged_outcomes, write_logged_outcomes
 from routerops.envs.suites import read_tasks
 from routerops.grid import logged_outcomes_from_trajectories
 from routerops.layout import Layout, Trajectories
-from routerops.pricing import load_price_book
+from routerops.pricing import load_pool, load_price_book
+from routerops.publishing import pool_version
 from routerops.promotion import GateConfig
 from routerops.report import plot_router_curves, to_markdown
 from stages.manifest import write_manifest
@@ -105,6 +106,14 @@ def without_attrs(frame: pd.DataFrame) -> pd.DataFrame:
     return plain
 
 
+def inputs_in_force(params: Params, layout: Layout) -> dict[str, str]:
+    """The price book and pool versions a register step judged under: recorded on the registered
+    version and in the promotion decision, so every champion says which prices and pool chose it."""
+    pool_file, book_file = layout.resolve(params.pool.file), layout.resolve(params.reprice.price_book)
+    return {"price_book_version": load_price_book(book_file).version,
+            "pool_version": pool_version(load_pool(pool_file), schema.file_sha256(pool_file))}
+
+
 def choose_family(train: RoutingData, candidates: list[str], k: int, seed: int) -> tuple[str, pd.DataFrame]:
     """The candidate family with the highest AIQ cross-fitted on the train split alone (the gate's val
     split and the reported test / OOD splits play no part in the choice)."""
@@ -129,7 +138,8 @@ def register(params: Params, layout: Layout, grid_path: Path, router_report: dic
     gate = GateConfig(objective=cfg.objective, budget_usd=cfg.budget_usd, n_boot=cfg.n_boot, seed=cfg.seed)
     judge = logged_grid_judge(gate_data, gate, served)
     use_tracking(params.track)
-    hashes = {"grid_sha256": schema.file_sha256(grid_path), "train_queries": str(len(train))}
+    hashes = {"grid_sha256": schema.file_sha256(grid_path), "train_queries": str(len(train)),
+              **inputs_in_force(params, layout)}
     registered, decision = register_and_promote(served, judge(served, "candidate"), judge, gate, data_hashes=hashes)
     summary = {"family": family, "chosen_by": f"AIQ cross-fitted on the {TRAIN} split (k={cfg.k})",
                "selection": selection[["router", "aiq"]].to_dict("records"), "gate_split": GATE,

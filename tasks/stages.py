@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prefect import task
 
-from stages import mtrouter, orchestra, pipeline, replay, routers, track
+from stages import mtrouter, orchestra, pipeline, replay, retrain, routers, track
 
 materialise_task = task(pipeline.materialise, name="materialise-suites")
 # Collection talks to live endpoints; the engine retries single calls, and a rerun of the task
@@ -44,3 +44,9 @@ orchestra_sft_task = task(orchestra.sft, name="orchestra-sft")  # resumes from i
 orchestra_rl_task = task(orchestra.rl, name="orchestra-rl")
 orchestra_evaluate_task = task(orchestra.evaluate, name="orchestra-evaluate", retries=1, retry_delay_seconds=5)
 orchestra_register_task = task(orchestra.register, name="orchestra-register")
+
+retrain_in_force_task = task(retrain.in_force, name="retrain-in-force")
+retrain_retire_task = task(retrain.retire, name="retrain-retire-champions")
+# Collects only what the per-worker journals lack; a rerun resumes, so retrying never duplicates.
+retrain_collect_task = task(retrain.collect_grid, name="retrain-collect-grid", retries=2, retry_delay_seconds=5)
+retrain_track_task = task(retrain.track, name="retrain-track")

@@ -62,6 +62,10 @@ def server_command(model_path: Path, port: int, n_ctx: int, n_threads: int, mode
     ]
 
 
+# A served OpenAI-compatible endpoint that replaces the embedded llama.cpp server (e.g. vLLM on a GPU host).
+LOCAL_LLM_URL_ENV = "ROUTEROPS_LOCAL_LLM_URL"
+
+
 @contextlib.contextmanager
 def local_llm_server(
     model_path: str | Path | None = None,
@@ -80,7 +84,14 @@ def local_llm_server(
     The server runs in its own process group and is stopped (SIGTERM, then SIGKILL to the group) when
     the block exits, also on exceptions and KeyboardInterrupt. Its output goes to `log_path`, or to a
     temporary file that is removed afterwards.
+
+    With ROUTEROPS_LOCAL_LLM_URL set (the `gpu` work pool sets it to the host's vLLM server), the
+    pool's "local" endpoint is that server: nothing is started and its URL is yielded.
     """
+    external = os.environ.get(LOCAL_LLM_URL_ENV, "").strip()
+    if external:
+        yield external.rstrip("/")
+        return
     model_path = Path(model_path) if model_path is not None else find_smollm2_gguf()
     if not model_path.is_file():
         raise InputError(model_path, "<file>", "GGUF model file not found")

@@ -1,0 +1,58 @@
+"""The retrain flow: what the schedule, a published price book or a published pool starts
+(stages/retrain.py; deployed by flows/deployments.py, triggered by `routerops prices|pool publish`).
+
+in force → retire → materialise → collect the grid (only what the journals lack) → reprice →
+validate → grid → routers → register (gate on val) → track. A price-only change makes no LLM call; a
+pool change collects only the new or changed workers' episodes.
+
+Run it by hand with `python -m flows.retrain` from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from prefect import flow
+
+from routerops.config import load_params
+from routerops.layout import Layout
+from stages.retrain import retrain_setup
+from tasks.stages import (
+    grid_task, materialise_task, register_task, reprice_task, retrain_collect_task, retrain_in_force_task,
+    retrain_retire_task, retrain_track_task, routers_task, validate_task,
+)
+
+TRIGGERS = ("manual", "schedule", "prices", "pool")
+
+
+@flow(name="routerops-retrain", log_prints=True)
+def retrain(params_file: str = "params.yaml", root: str = ".", trigger: str = "manual") -> Path:
+    if trigger not in TRIGGERS:
+        raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
+    repo = Layout(Path(root).resolve())
+    params = load_params(repo.resolve(params_file))
+    now = retrain_in_force_task(params, repo, trigger)
+    params, layout = retrain_setup(params, repo, now)
+    retired = retrain_retire_task(params, layout, now)
+    tasks = materialise_task(params, layout, wait_for=[retired])
+    raw = retrain_collect_task(params, layout, tasks, now)
+    priced = reprice_task(params, layout, raw)
+    validate_task(params, layout, priced)
+    grid = grid_task(params, layout, priced, tasks)
+    router_report = routers_task(params, layout, grid)
+    registry = register_task(params, layout, grid, router_report)
+    return retrain_track_task(params, layout, now, registry)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--root", default=".", help="the repository root (params, published files, workspace)")
+    parser.add_argument("--trigger", default="manual", choices=TRIGGERS)
+    args = parser.parse_args()
+    retrain(params_file=args.params, root=args.root, trigger=args.trigger)
+
+
+if __name__ == "__main__":
+    main()

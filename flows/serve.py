@@ -1,0 +1,53 @@
+"""`make serve`: routerops as a team's service on this machine.
+
+Starts a real Prefect server (unless PREFECT_API_URL names one already: a team's own server), creates
+the work pools and every deployment (flows/deployments.py: the retrain on its schedule and on
+published price books and pools), starts a worker on the `cpu` pool, and runs until Ctrl-C. Then
+`routerops prices publish FILE` in another shell starts a retrain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from flows.deployments import deploy_all
+from routerops.config import load_params
+from services.prefect_server import prefect_server, prefect_worker
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--root", default=".", help="the repository root the deployments run in")
+    parser.add_argument("--home", default=".prefect", help="PREFECT_HOME of the server started here")
+    parser.add_argument("--port", type=int, default=4200)
+    args = parser.parse_args()
+    repo = Path(args.root).resolve()
+    ops = load_params(repo / args.params).ops
+    with contextlib.ExitStack() as stack:
+        api_url = os.environ.get("PREFECT_API_URL") or stack.enter_context(
+            prefect_server(repo / args.home, port=args.port, log_path=repo / args.home / "server.log"))
+        stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api_url}))
+        deployments = deploy_all(repo, ops, args.params)
+        stack.enter_context(prefect_worker(ops.work_pool, api_url, name=f"{ops.work_pool}-{os.uname().nodename}",
+                                           cwd=repo, log_path=repo / args.home / "worker.log"))
+        print(f"Prefect API {api_url}; deployments: {', '.join(sorted(deployments))}; "
+              f"worker on pool {ops.work_pool!r}. Publish a price book with "
+              f"`PREFECT_API_URL={api_url} routerops prices publish FILE`. Ctrl-C stops.", flush=True)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.wait()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
