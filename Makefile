@@ -19,7 +19,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: install sandbox-backend demo test test-fast mlflow-ui benchmarks bench-rl replay critique mtrouter orchestra clean
+.PHONY: install sandbox-backend demo test test-fast mlflow-ui serve retrain benchmarks bench-rl replay critique mtrouter orchestra clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,15 @@ test-fast: install
 mlflow-ui: install
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow/mlflow.db \
 		--default-artifact-root mlflow/artifacts --host 127.0.0.1 --port $${MLFLOW_PORT:-5000}
+
+# routerops as a team's service: a real Prefect server (or the one PREFECT_API_URL names), the cpu/gpu
+# work pools, every deployment (the retrain on its cron and on published price books / pools) and a worker.
+serve: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.serve
+
+# One retrain by hand, under the price book and pool in force (params.yaml: ops).
+retrain: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.retrain
 
 # RouteLLM's GSM8K logged outcomes (bundled in datasets/): every router, MTRouter included, cross-fitted.
 replay: install

@@ -100,18 +100,22 @@ def publish_triggers() -> list[DeploymentEventTrigger]:
             for kind in ("prices", "pool")]
 
 
-def deploy(spec: DeploymentSpec, repo: Path, ops: OpsConfig, params_file: str = "params.yaml") -> str:
-    """Register one deployment with the server at PREFECT_API_URL; returns its id."""
-    flow = Flow.from_source(source=str(repo), entrypoint=spec.entrypoint)
-    parameters = {"params_file": params_file, "root": str(repo), **spec.parameters}
-    deployment_id = flow.deploy(
+def deploy(spec: DeploymentSpec, source: Path, ops: OpsConfig, params_file: str = "params.yaml",
+           root: Path | None = None) -> str:
+    """Register one deployment with the server at PREFECT_API_URL; returns its id. Its flow's code
+    comes from `source`; its data (params, published files, workspace) lives under `root` (default:
+    the same folder)."""
+    flow = Flow.from_source(source=str(source), entrypoint=spec.entrypoint)
+    parameters = {"params_file": params_file, "root": str(root or source), **spec.parameters}
+    # to_deployment + apply rather than Flow.deploy: deploy() also lists the pool's online workers,
+    # a request prefect 3.8's server rejects (422 on limit=None), and it needs nothing else here.
+    deployment = flow.to_deployment(
         name=spec.name, work_pool_name=ops.gpu_work_pool if spec.gpu else ops.work_pool,
         parameters=parameters, description=spec.description,
         cron=ops.retrain_cron if spec.scheduled else None,
         triggers=publish_triggers() if spec.on_publish else None,
-        build=False, push=False, print_next_steps=False, ignore_warnings=True,
     )
-    return str(deployment_id)
+    return str(deployment.apply())
 
 
 def deploy_all(repo: Path, ops: OpsConfig, params_file: str = "params.yaml") -> dict[str, str]:
