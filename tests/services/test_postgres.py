@@ -7,6 +7,7 @@ Skips, saying why, where no PostgreSQL server binaries are installed (CI install
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -43,13 +44,14 @@ def test_the_handle_and_a_failed_start_never_show_the_password(postgres, tmp_pat
 # ---------------------------------------------------------------- MLflow
 
 
-def test_mlflow_runs_and_registry_live_in_postgres_when_the_config_says_so(postgres, tmp_path, monkeypatch):
+def test_mlflow_runs_and_registry_live_in_postgres_when_the_config_says_so(postgres, tmp_path, monkeypatch, caplog):
     import mlflow
     import psycopg
 
     from evaluation.tracking import log_pipeline_runs
     from routerops.config import TrackConfig
 
+    caplog.set_level(logging.DEBUG)  # every log line MLflow and SQLAlchemy write, checked for the password below
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
     manifests = tmp_path / "manifests"
@@ -78,6 +80,7 @@ def test_mlflow_runs_and_registry_live_in_postgres_when_the_config_says_so(postg
         stored = conn.execute("SELECT value FROM metrics WHERE run_uuid = %s AND key = 'accuracy'",
                               (run_ids["evaluate"],)).fetchall()
     assert stored == [(0.75,)]
+    assert caplog.records and postgres.password not in caplog.text
 
 
 # ---------------------------------------------------------------- Prefect
