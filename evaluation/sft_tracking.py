@@ -14,7 +14,7 @@ from typing import Any
 import mlflow
 from transformers import TrainerCallback
 
-from evaluation.tracking import flatten, git_commit, use_tracking
+from evaluation.tracking import flatten, git_commit, log_dataset_inputs, use_tracking
 from models.orchestrator.config import OrchestraConfig
 from models.orchestrator.sft import RESULT_FILE, SFTResult, train_sft
 from routerops.config import TrackConfig
@@ -55,6 +55,7 @@ def train_sft_tracked(config: OrchestraConfig, conversations_jsonl: str | Path, 
         settings = {"model": dataclasses.asdict(config.model), "sft": dataclasses.asdict(config.sft)}
         mlflow.log_params({k: str(v)[:500] for k, v in flatten(settings).items()})
         mlflow.set_tags({"git_commit": git_commit(), "stage": "orchestra-sft", "config": config.source})
+        log_dataset_inputs([conversations_jsonl], context="train")  # the conversations SFT learns from
         result = train_sft(config, conversations_jsonl, out_dir, resume, model_cache, callbacks=[MLflowCurveCallback()])
         mlflow.log_metrics({f"data.{k}": float(v) for k, v in result.data.items()})
         mlflow.log_metrics({"train_seconds": result.train_seconds, "global_step": float(result.global_step)})

@@ -3,17 +3,27 @@
 Each stage leaves a manifest (params, metrics, input/output hashes, artifacts) in its pipeline's
 manifest folder (stages/manifest.py); this module turns those manifests into MLflow runs tagged
 with the git commit. The registry (evaluation/registry.py) is the only other MLflow user.
+
+Every input a run read is also logged as an MLflow dataset input (`log_dataset_inputs`), so the UI's
+Dataset column and the run comparison show which data and which price book each run used: named by
+its repo-relative path, with DVC's hash as the digest, the split as the context and the row count in
+the profile.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import mlflow
+import mlflow.data
+import pandas as pd
+import yaml
 
 from routerops.config import TrackConfig
 
@@ -66,6 +76,7 @@ def log_stage(manifest: dict[str, Any], commit: str) -> str:
         tags.update({f"input_sha256.{k}": v for k, v in manifest["inputs"].items()})
         tags.update({f"output_sha256.{k}": v for k, v in manifest["outputs"].items()})
         mlflow.set_tags(tags)
+        log_dataset_inputs(manifest["inputs"], recorded_sha256=manifest["inputs"])
         for artifact in manifest.get("artifacts", []):
             if Path(artifact).is_file():
                 mlflow.log_artifact(artifact)
@@ -87,3 +98,123 @@ def log_pipeline_runs(cfg: TrackConfig, manifest_dir: Path, stage_order: list[st
         for manifest in manifests:
             run_ids[manifest["stage"]] = log_stage(manifest, commit)
     return run_ids
+
+
+# ---------------------------------------------------------------- dataset inputs
+
+TABLE_READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
+    ".parquet": pd.read_parquet,
+    ".jsonl": lambda path: pd.read_json(path, lines=True),
+    ".csv": pd.read_csv,
+}
+SPLITS = ("train", "val", "validation", "test", "ood", "eval", "sft", "rl")  # file stems that name a split
+
+
+def file_digests(path: Path) -> tuple[str, str]:
+    """(md5, sha256) of a file in one read: md5 is DVC's hash, sha256 is what manifests record."""
+    md5, sha = hashlib.md5(), hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            md5.update(chunk)
+            sha.update(chunk)
+    return md5.hexdigest(), sha.hexdigest()
+
+
+def dvc_md5(path: str | Path) -> str:
+    """The hash dvc.lock records for `path`, so a run's digest can be looked up in dvc.lock and the DVC
+    cache. DVC 3 hashes a file as the md5 of its bytes; a directory as the md5 of the JSON list of its
+    files ({"md5", "relpath"} sorted by relpath, json.dumps with sorted keys: dvc_data's Tree.as_bytes)
+    with ".dir" appended, which names the directory's listing object in the cache."""
+    path = Path(path)
+    if path.is_file():
+        return file_digests(path)[0]
+    entries = sorted(({"md5": file_digests(f)[0], "relpath": f.relative_to(path).as_posix()}
+                      for f in path.rglob("*") if f.is_file()), key=lambda e: e["relpath"])
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest() + ".dir"
+
+
+def dataset_name(path: Path) -> str:
+    """The repo-relative path: DVC runs every stage from the repository root, so a path under the
+    working directory is named as dvc.yaml and dvc.lock name it; any other path keeps its recorded form."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _local_source(name: str):
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+
+    with warnings.catch_warnings():
+        # MLflow registers two local-file source classes and warns that a path matches both.
+        warnings.simplefilter("ignore", UserWarning)
+        return resolve_dataset_source(name)
+
+
+def _split_context(frame: pd.DataFrame, path: Path) -> tuple[str, dict[str, str]]:
+    """The run's context for a table: its split when it holds one (a `split` column or a file stem
+    such as train.jsonl); "input" when it holds several, with the rows per split as a tag."""
+    if "split" in frame.columns:
+        counts = frame["split"].astype(str).value_counts(sort=False)
+        if len(counts) == 1:
+            return str(counts.index[0]), {}
+        return "input", {"splits": ",".join(f"{k}={v}" for k, v in counts.items())}
+    return (path.stem if path.stem in SPLITS else "input"), {}
+
+
+def table_dataset(path: Path, name: str, digest: str):
+    """(dataset, context, tags) for a Parquet, JSON-lines or CSV table: schema and row count from the data."""
+    frame = TABLE_READERS[path.suffix](path)
+    context, tags = _split_context(frame, path)
+    dataset = mlflow.data.from_pandas(frame, source=_local_source(name), name=name, digest=digest)
+    return dataset, context, {"rows": str(len(frame)), **tags}
+
+
+def yaml_dataset(path: Path, name: str, digest: str):
+    """(dataset, context, tags) for a YAML config. A price book (a `prices` mapping) becomes its price
+    table, one row per worker, so a run's prices can be read and compared in the UI."""
+    from mlflow.data.meta_dataset import MetaDataset
+
+    doc = yaml.safe_load(path.read_text()) or {}
+    version = {k: str(doc[k]) for k in ("version", "effective_date", "name") if isinstance(doc, dict) and k in doc}
+    if isinstance(doc, dict) and isinstance(doc.get("prices"), dict):
+        prices = pd.DataFrame([{"worker": w, **(p or {})} for w, p in doc["prices"].items()])
+        dataset = mlflow.data.from_pandas(prices, source=_local_source(name), name=name, digest=digest)
+        return dataset, "price_book", {"rows": str(len(prices)), **version}
+    return MetaDataset(source=_local_source(name), name=name, digest=digest), "input", version
+
+
+def file_dataset(path: str | Path, digest: str | None = None):
+    """(dataset, context, tags) for one input file or directory; `digest` is its dvc_md5 (computed if None)."""
+    from mlflow.data.meta_dataset import MetaDataset
+
+    path = Path(path)
+    name, digest = dataset_name(path), digest or dvc_md5(path)
+    if path.is_file() and path.suffix in TABLE_READERS:
+        return table_dataset(path, name, digest)
+    if path.is_file() and path.suffix in (".yaml", ".yml"):
+        return yaml_dataset(path, name, digest)
+    return MetaDataset(source=_local_source(name), name=name, digest=digest), "input", {}
+
+
+def log_dataset_inputs(paths: Iterable[str | Path], recorded_sha256: dict[str, str] | None = None,
+                       context: str | None = None) -> list[str]:
+    """Log each existing input as a dataset input of the active run; returns the names logged.
+    `context` overrides the one read from the data (e.g. "train" for the conversations SFT learns from).
+
+    `recorded_sha256` (a manifest's inputs) guards the digest: a file rewritten since the stage read it
+    is not what the run used, so it is left out and named in the `datasets.changed` tag instead."""
+    logged, changed = [], []
+    for path in map(Path, paths):
+        if not path.exists():
+            continue
+        md5, sha256 = file_digests(path) if path.is_file() else (dvc_md5(path), None)
+        if recorded_sha256 and sha256 is not None and sha256 != recorded_sha256.get(str(path)):
+            changed.append(dataset_name(path))
+            continue
+        dataset, found_context, tags = file_dataset(path, md5)
+        mlflow.log_input(dataset, context=context or found_context, tags=tags)
+        logged.append(dataset.name)
+    if changed:
+        mlflow.set_tag("datasets.changed", ",".join(changed)[:5000])
+    return logged

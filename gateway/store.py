@@ -33,6 +33,7 @@ from typing import Any
 
 import pandas as pd
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 
 from routerops.errors import InputError
 
@@ -82,6 +83,8 @@ decisions_table = sa.Table(
     sa.Column("score", sa.Float, nullable=True),  # filled by POST /v1/decisions/{id}/feedback
 )
 DECISION_COLUMNS = tuple(c.name for c in decisions_table.columns)
+# INSERT ... ON CONFLICT DO NOTHING, where the database has it (see Store._ensure_spend_row).
+INSERT_IF_ABSENT = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 
 
 def to_nano(usd: float) -> int:
@@ -223,10 +226,18 @@ class Store:
 
     @staticmethod
     def _ensure_spend_row(conn: sa.Connection, key_id: str, period: str) -> None:
+        """The period's spend row, created once. Several gateway processes may open a period at the same
+        moment; the process lock cannot see the others, and a check-then-insert lets two of them insert
+        (on Postgres the second fails with a unique violation: tests/services/test_postgres.py found it),
+        so the insert itself yields to a row that is already there."""
+        row = {"key_id": key_id, "period": period, "spent_nusd": 0, "reserved_nusd": 0}
+        if conn.dialect.name in INSERT_IF_ABSENT:
+            conn.execute(INSERT_IF_ABSENT[conn.dialect.name](spend_table).values(**row).on_conflict_do_nothing())
+            return
         exists = conn.execute(sa.select(spend_table.c.key_id).where(
             spend_table.c.key_id == key_id, spend_table.c.period == period)).first()
         if exists is None:
-            conn.execute(spend_table.insert().values(key_id=key_id, period=period, spent_nusd=0, reserved_nusd=0))
+            conn.execute(spend_table.insert().values(**row))
 
     # ---------------------------------------------------------------- decisions
 

@@ -831,7 +831,7 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
             shutil_rmtree(stale)
         return path
 
-    with rl_tracking(run, record, resumed_from) as tracker:
+    with rl_tracking(run, record, resumed_from, inputs={"train": [Path(rl_tasks)], "input": [Path(adapter)]}) as tracker:
         for past in steps:  # a resumed run's MLflow run holds the whole curve
             tracker(past)
         started = time.perf_counter()
@@ -919,9 +919,10 @@ class _RLTracker:
 
 
 @contextlib.contextmanager
-def rl_tracking(run: OrchestraRun, record: dict, resumed_from: int | None):
+def rl_tracking(run: OrchestraRun, record: dict, resumed_from: int | None, inputs: dict[str, list[Path]] | None = None):
     """An MLflow run `orchestra-rl` when a tracking store is set (params.yaml's track, or
-    MLFLOW_TRACKING_URI), holding the run's settings as params and every step's metrics."""
+    MLFLOW_TRACKING_URI), holding the run's settings as params, every step's metrics and, as dataset
+    inputs, `inputs` ({context: paths}: the RL task pool, the SFT adapter it starts from)."""
     from evaluation.sft_tracking import tracking_requested
 
     if not tracking_requested(run.track):
@@ -929,7 +930,7 @@ def rl_tracking(run: OrchestraRun, record: dict, resumed_from: int | None):
         return
     import mlflow
 
-    from evaluation.tracking import flatten, git_commit
+    from evaluation.tracking import flatten, git_commit, log_dataset_inputs
 
     use_tracking(run.track)
     with mlflow.start_run(run_name="orchestra-rl", nested=mlflow.active_run() is not None) as active:
@@ -937,6 +938,8 @@ def rl_tracking(run: OrchestraRun, record: dict, resumed_from: int | None):
         mlflow.log_params({k: str(v)[:500] for k, v in flatten(params).items()})
         mlflow.set_tags({"git_commit": git_commit(), "stage": "orchestra-rl", "tasks": len(record["tasks"]),
                          "resumed_from_step": str(resumed_from)})
+        for context, paths in (inputs or {}).items():
+            log_dataset_inputs(paths, context=context)
         tracker = _RLTracker(True)
         tracker.run_id = active.info.run_id
         yield tracker

@@ -38,6 +38,7 @@ def test_a_resumed_tracked_run_logs_the_whole_curve_the_settings_and_the_adapter
     import mlflow
 
     from evaluation.sft_tracking import train_sft_tracked
+    from evaluation.tracking import dvc_md5
 
     torch.set_num_threads(min(torch.get_num_threads(), 2))
     data = tmp_path / "sft.jsonl"
@@ -61,3 +62,6 @@ def test_a_resumed_tracked_run_logs_the_whole_curve_the_settings_and_the_adapter
     assert run.data.params["sft.learning_rate"] == "0.001" and run.data.params["model.name"] == "smollm2-135m-instruct"
     assert run.data.metrics["data.assistant_tokens"] == result.data["assistant_tokens"] > 0
     assert "adapter/adapter_model.safetensors" in artifacts
+    [data_input] = run.inputs.dataset_inputs  # the conversations it learned from, by DVC digest
+    assert data_input.dataset.digest == dvc_md5(data) and json.loads(data_input.dataset.profile)["num_rows"] == 1
+    assert {t.key: t.value for t in data_input.tags}["mlflow.data.context"] == "train"

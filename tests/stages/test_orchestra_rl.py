@@ -67,6 +67,7 @@ def test_rl_stage_trains_the_sft_adapter_on_train_rollouts_tracks_every_step_and
     import torch
     from safetensors.torch import load_file
 
+    from evaluation.tracking import dvc_md5
     from models.orchestrator.lm import base_model_folder
     from models.orchestrator.sft import train_sft
     from stages.orchestra import lm_config, rl
@@ -117,6 +118,9 @@ def test_rl_stage_trains_the_sft_adapter_on_train_rollouts_tracks_every_step_and
     for key in ("loss", "kl", "clip_fraction", "reward/verifier_mean", "reward/cost_mean", "success_rate",
                 "controller_turns_mean", "usage/smol-direct"):
         assert [m.step for m in client.get_metric_history(tracked.info.run_id, key)] == [1, 2], key
+    inputs = {i.dataset.name: i for i in client.get_run(tracked.info.run_id).inputs.dataset_inputs}
+    assert inputs[str(layout.orchestra_rl_tasks)].dataset.digest == dvc_md5(layout.orchestra_rl_tasks)
+    assert inputs[str(sft_adapter)].dataset.digest == dvc_md5(sft_adapter)  # the SFT adapter, as DVC's "<md5>.dir"
 
     again = rl(run, layout, layout.orchestra_rl_tasks, sft_adapter)  # resumes at max_steps: no new step
     rerun = json.loads(layout.orchestra_rl_result.read_text())
