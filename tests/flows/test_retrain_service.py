@@ -169,6 +169,6 @@ def test_published_prices_and_pools_retrain_through_the_deployment(tmp_path, mon
             assert runs[-1].state.is_completed()
             retired = json.loads((root / "retrain/reports/retire.json").read_text())
             assert retired["changes"]["removed"] == ["smol-cot"]
-            assert [r["version"] for r in retired["retired"]] == [champion.version]
+            assert [r["version"] for r in retired["retired"]] == [str(champion.version)]
             assert client.get_model_version(registry["name"], champion.version).tags["eligible"] == "false"
             assert llm_calls(llm_log) == calls + grid_tasks  # the remaining workers' journals held everything
