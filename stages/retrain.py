@@ -56,10 +56,11 @@ class InForce:
     pool: Path
     pool_version: str
     trigger: str  # "schedule", "prices", "pool" or "manual"
+    params_pool: Path  # params.yaml's pool: what was in use before the first retrain
 
     def tags(self) -> dict[str, str]:
         return {"routerops.trigger": self.trigger, "routerops.price_book_version": self.price_book_version,
-                "routerops.pool_version": self.pool_version}
+                "routerops.pool_version": self.pool_version}  # the same keys as the main pipeline's run
 
 
 def in_force(params: Params, repo: Layout, trigger: str = "manual") -> InForce:
@@ -71,7 +72,8 @@ def in_force(params: Params, repo: Layout, trigger: str = "manual") -> InForce:
     pool_file = pool.path if pool else repo.resolve(params.pool.file)
     pool_spec = load_pool(pool_file)
     return InForce(Path(book_file).resolve(), load_price_book(book_file).version, Path(pool_file).resolve(),
-                   pool_version(pool_spec, schema.file_sha256(pool_file)), trigger)
+                   pool_version(pool_spec, schema.file_sha256(pool_file)), trigger,
+                   repo.resolve(params.pool.file).resolve())
 
 
 def retrain_setup(params: Params, repo: Layout, now: InForce) -> tuple[Params, Layout]:
@@ -86,11 +88,12 @@ def retrain_setup(params: Params, repo: Layout, now: InForce) -> tuple[Params, L
 
 
 def retire(params: Params, layout: Layout, now: InForce) -> Path:
-    """Retire every champion that can route to a worker missing from the pool in force; the workers
-    the last retrain used are in the workspace's `pool_in_use.yaml`."""
+    """Retire every champion that can route to a worker missing from the pool in force. The pool the
+    last retrain used is the workspace's `pool_in_use.yaml`; before the first, params.yaml's pool
+    (what the main pipeline registered its champions over)."""
     last = layout.root / "pool_in_use.yaml"
     pool = load_pool(now.pool)
-    changes = pool_changes(load_pool(last) if last.is_file() else None, pool)
+    changes = pool_changes(load_pool(last if last.is_file() else now.params_pool), pool)
     use_tracking(params.track)
     retired = retire_champions_routing_to(set(changes["removed"]), f"pool {now.pool_version}")
     copy_atomic(now.pool, last)

@@ -9,14 +9,17 @@ from evaluation.tracking import log_pipeline_runs
 from routerops import schema
 from routerops.config import Params
 from routerops.layout import Layout
+from stages.routers import inputs_in_force
 
 PIPELINE_STAGES = ["materialise", "collect", "reprice", "validate", "evaluate", "grid", "routers", "register", "replay"]
 MTROUTER_STAGES = ["mt-collect", "mt-ablation", "mt-evaluate", "mt-analyses", "mt-register"]
 
 
 def track(params: Params, layout: Layout, *upstream: Path) -> Path:
-    """Log the main pipeline's manifests; `upstream` are the last stages' outputs (ordering only)."""
-    run_ids = log_pipeline_runs(params.track, layout.manifests, PIPELINE_STAGES)
+    """Log the main pipeline's manifests, the parent run tagged with the price book and pool versions;
+    `upstream` are the last stages' outputs (ordering only)."""
+    tags = {f"routerops.{k}": v for k, v in inputs_in_force(params, layout).items()}
+    run_ids = log_pipeline_runs(params.track, layout.manifests, PIPELINE_STAGES, tags=tags)
     return schema.write_json_atomic(run_ids, layout.mlflow_runs)
 
 

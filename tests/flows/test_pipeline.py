@@ -84,6 +84,9 @@ def test_flow_then_dvc_repro_then_price_change(project):
 
     runs = mlflow.search_runs(experiment_names=["routerops-pipeline"])
     assert {"pipeline", "collect", "evaluate"} <= set(runs["tags.mlflow.runName"])
+    parent = runs[runs["tags.mlflow.runName"] == "pipeline"].iloc[0]
+    assert parent["tags.routerops.price_book_version"] == "2026-11-01"
+    assert parent["tags.routerops.pool_version"].startswith("embedded-smollm2-")
     assert set(run_ids) >= {"pipeline", "collect", "validate", "evaluate", "grid", "routers", "register", "replay"}
     # The honest protocol: routers fit on train only, test and OOD reported apart; the gate judges on val.
     routers = pd.read_csv(project / "reports/routers/leaderboard.csv")

@@ -10,7 +10,7 @@ import pytest
 
 from routerops.pricing import load_pool
 from routerops.workers import LLMWorker
-from routerops.workers.server import LocalServerError, find_smollm2_gguf, local_llm_server
+from routerops.workers.server import LOCAL_LLM_URL_ENV, LocalServerError, find_smollm2_gguf, local_llm_server
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[3]
@@ -73,3 +73,11 @@ def test_a_server_that_dies_fails_fast_with_its_log(tmp_path):
     with pytest.raises(LocalServerError, match="exited with code") as info, local_llm_server(model_path=bogus):
         pass
     assert "gguf" in str(info.value).lower()
+
+
+def test_a_served_endpoint_stands_in_for_the_embedded_server(monkeypatch, tmp_path):
+    """On a GPU host the `gpu` work pool sets ROUTEROPS_LOCAL_LLM_URL (its vLLM server): the pool's
+    "local" endpoint is that URL and no llama.cpp process starts (no GGUF is even looked for)."""
+    monkeypatch.setenv(LOCAL_LLM_URL_ENV, "http://gpu-host:8001/v1/")
+    with local_llm_server(model_path=tmp_path / "absent.gguf") as url:
+        assert url == "http://gpu-host:8001/v1"
