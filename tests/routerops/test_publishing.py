@@ -107,3 +107,4 @@ def test_pool_changes_by_signature(tmp_path):
 def test_pool_version_is_its_name_and_content_hash(tmp_path):
     published, _ = publish(POOL, POOL_FILE, tmp_path / "store", pool_file=POOL_FILE, book_file=BOOK)
     assert published.version.startswith("embedded-smollm2-") and len(published.version.split("-")[-1]) == 12
+
