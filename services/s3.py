@@ -214,3 +214,41 @@ def pull_reports(bucket: str, run_id: str, dest_dir: str | Path, client=None) ->
             raise S3Error(f"s3://{bucket}/{key}: object name leaves the destination {dest_dir}")
         written.append(download_file(bucket, key, target, client=client))
     return written
+
+
+DVC_REMOTE = "team"  # .dvc/config's default remote
+
+
+def configure_storage(repo: str | Path = ".", buckets: tuple[str, ...] = ()) -> str:
+    """Point this checkout at the team's store: write the endpoint (from the environment) into the
+    git-ignored .dvc/config.local for DVC's `team` remote, and create the DVC bucket, the MLflow
+    artifact bucket (ROUTEROPS_ARTIFACT_ROOT, when s3://) and `buckets`. Returns the endpoint."""
+    import subprocess
+    import sys
+
+    endpoint = endpoint_from_env()
+    if not endpoint:
+        raise S3Error(f"none of {', '.join(ENDPOINT_VARS)} is set: export the store's URL, "
+                      f"e.g. ROUTEROPS_S3_ENDPOINT_URL=http://127.0.0.1:8333")
+    client = s3_client()
+    remote_url = subprocess.run([sys.executable, "-m", "dvc", "config", f"remote.{DVC_REMOTE}.url"],
+                                cwd=repo, capture_output=True, text=True)
+    wanted = set(buckets)
+    for url in (remote_url.stdout.strip(), os.environ.get("ROUTEROPS_ARTIFACT_ROOT", "")):
+        if url.startswith("s3://"):
+            wanted.add(url.removeprefix("s3://").split("/", 1)[0])
+    for bucket in sorted(wanted):
+        ensure_bucket(bucket, client=client)
+    done = subprocess.run([sys.executable, "-m", "dvc", "remote", "modify", "--local", DVC_REMOTE,
+                           "endpointurl", endpoint], cwd=repo, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise S3Error(f"{Path(repo) / '.dvc/config.local'}: could not set remote '{DVC_REMOTE}' "
+                      f"field 'endpointurl': {done.stderr.strip()}")
+    return endpoint
+
+
+if __name__ == "__main__":  # `python -m services.s3`: what `make storage` runs
+    try:
+        print(f"DVC remote '{DVC_REMOTE}' → {configure_storage()} (.dvc/config.local); buckets ready")
+    except RouteropsError as exc:
+        raise SystemExit(f"error: {exc}") from None

@@ -109,13 +109,15 @@ def write_identities(path: Path, credentials: S3Credentials) -> Path:
     return path
 
 
-def pick_ports() -> dict[str, int]:
-    """One free loopback port per flag, all different (free_port() may hand the same one twice)."""
-    ports: dict[str, int] = {}
-    while len(ports) < len(PORT_FLAGS):
-        port = free_port()
-        if port not in ports.values():
-            ports[PORT_FLAGS[len(ports)]] = port
+def pick_ports(s3_port: int | None = None) -> dict[str, int]:
+    """One free loopback port per flag, all different (free_port() may hand the same one twice);
+    `s3_port` fixes the one clients are told about."""
+    ports: dict[str, int] = {"s3.port": s3_port} if s3_port else {}
+    for flag in PORT_FLAGS:
+        while flag not in ports:
+            port = free_port()
+            if port not in ports.values():
+                ports[flag] = port
     return ports
 
 
@@ -144,14 +146,16 @@ def seaweedfs_server(
     credentials: S3Credentials | None = None,
     log_path: str | Path | None = None,
     startup_timeout_s: float = 60.0,
+    s3_port: int | None = None,
 ) -> Iterator[SeaweedFS]:
     """Start SeaweedFS with an S3 gateway on 127.0.0.1 and yield a `SeaweedFS` once it accepts signed
     requests and has a volume server to write to.
 
     `data_dir` keeps the objects across restarts (a temporary folder, removed on exit, when omitted);
-    `log_path` keeps the server's log (else it is temporary; startup errors quote its tail).
-    `credentials` default to a fresh random key pair. The server runs in its own process group and is
-    stopped (SIGTERM, SIGKILL after STOP_GRACE_S) when the block exits, also on exceptions.
+    `log_path` keeps the server's log (else it is temporary; startup errors quote its tail);
+    `credentials` default to a fresh random key pair, `s3_port` to a free port. The server runs in
+    its own process group and is stopped (SIGTERM, SIGKILL after STOP_GRACE_S) when the block exits,
+    also on exceptions.
     """
     weed = weed_binary()
     credentials = credentials or S3Credentials.generate()
@@ -160,7 +164,7 @@ def seaweedfs_server(
     data.mkdir(parents=True, exist_ok=True)
     log_file = Path(log_path) if log_path else runtime_dir / "weed.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    ports = pick_ports()
+    ports = pick_ports(s3_port)
     server = SeaweedFS(endpoint_url=f"http://127.0.0.1:{ports['s3.port']}", credentials=credentials,
                        data_dir=data, log_path=log_file, master_url=f"http://127.0.0.1:{ports['master.port']}")
     identities = write_identities(runtime_dir / "s3-identities.json", credentials)
@@ -222,3 +226,32 @@ def remove_grpc_sockets(ports: dict[str, int]) -> None:
             Path(f"/tmp/seaweedfs-{role}-grpc-{ports[f'{role}.port.grpc']}.sock").unlink()
     with contextlib.suppress(OSError):
         Path(f"/tmp/seaweedfs-s3-{ports['s3.port']}.sock").unlink()
+
+
+def serve_forever(data_dir: Path, s3_port: int | None) -> None:
+    """`python -m services.seaweedfs`: run SeaweedFS in the foreground with the key pair exported in
+    AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (so the secret is never printed), until Ctrl-C."""
+    from services.s3 import keys_from_env
+
+    access_key, secret_key = keys_from_env()
+    with seaweedfs_server(data_dir=data_dir, credentials=S3Credentials(access_key, secret_key),
+                          log_path=data_dir / "weed.log", s3_port=s3_port) as server:
+        print(f"SeaweedFS S3 at {server.endpoint_url} (data {data_dir}, log {server.log_path}); Ctrl-C stops it\n"
+              f"export ROUTEROPS_S3_ENDPOINT_URL={server.endpoint_url} MLFLOW_S3_ENDPOINT_URL={server.endpoint_url}",
+              flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(3600)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m services.seaweedfs", description=serve_forever.__doc__)
+    parser.add_argument("--data", type=Path, default=Path(".seaweedfs"), help="data folder (kept across restarts)")
+    parser.add_argument("--s3-port", type=int, default=8333, help="S3 port on 127.0.0.1 (0: any free port)")
+    args = parser.parse_args()
+    try:
+        serve_forever(args.data.resolve(), args.s3_port or None)
+    except RouteropsError as exc:
+        raise SystemExit(f"error: {exc}") from None
