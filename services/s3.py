@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
@@ -61,10 +63,10 @@ def s3_client(endpoint_url: str | None = None, access_key: str | None = None, se
         connect_timeout=5, read_timeout=60,
         retries={"max_attempts": 3, "mode": "standard"},
     )
-    client = boto3.session.Session().client(
+    # A fresh Session: boto3's default one is shared module state, and we pass the keys explicitly.
+    return boto3.session.Session().client(
         "s3", endpoint_url=endpoint_url, aws_access_key_id=access_key, aws_secret_access_key=secret_key,
         region_name=os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION, config=config)
-    return client
 
 
 def client_url(client) -> str:
@@ -223,9 +225,6 @@ def configure_storage(repo: str | Path = ".", buckets: tuple[str, ...] = ()) -> 
     """Point this checkout at the team's store: write the endpoint (from the environment) into the
     git-ignored .dvc/config.local for DVC's `team` remote, and create the DVC bucket, the MLflow
     artifact bucket (ROUTEROPS_ARTIFACT_ROOT, when s3://) and `buckets`. Returns the endpoint."""
-    import subprocess
-    import sys
-
     endpoint = endpoint_from_env()
     if not endpoint:
         raise S3Error(f"none of {', '.join(ENDPOINT_VARS)} is set: export the store's URL, "
