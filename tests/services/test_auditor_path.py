@@ -57,7 +57,8 @@ def test_clone_pull_repro_reproduces_the_committed_report(team_repo, tmp_path, s
     subprocess.run(["git", "clone", "-q", str(team_repo), str(auditor)], check=True)
     assert not (auditor / ".dvc/config.local").exists()  # the endpoint is per machine, not committed
     configure_storage(auditor)
-    dvc(auditor, "pull")
+    # What this commit's evaluation stands on; the lock also lists pipelines this test never ran.
+    dvc(auditor, "pull", "--with-deps", "evaluate")
     assert (auditor / "data/raw/turns.parquet").is_file()
 
     out = dvc(auditor, "repro", "evaluate")
