@@ -17,6 +17,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -228,6 +229,10 @@ def remove_grpc_sockets(ports: dict[str, int]) -> None:
         Path(f"/tmp/seaweedfs-s3-{ports['s3.port']}.sock").unlink()
 
 
+def interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def serve_forever(data_dir: Path, s3_port: int | None) -> None:
     """`python -m services.seaweedfs`: run SeaweedFS in the foreground with the key pair exported in
     AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (so the secret is never printed), until Ctrl-C."""
@@ -239,6 +244,7 @@ def serve_forever(data_dir: Path, s3_port: int | None) -> None:
         print(f"SeaweedFS S3 at {server.endpoint_url} (data {data_dir}, log {server.log_path}); Ctrl-C stops it\n"
               f"export ROUTEROPS_S3_ENDPOINT_URL={server.endpoint_url} MLFLOW_S3_ENDPOINT_URL={server.endpoint_url}",
               flush=True)
+        signal.signal(signal.SIGTERM, interrupt)  # `kill` / a service manager stops it as Ctrl-C does
         with contextlib.suppress(KeyboardInterrupt):
             while True:
                 time.sleep(3600)
