@@ -19,7 +19,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: install sandbox-backend demo test test-fast mlflow-ui serve retrain benchmarks bench-rl replay critique mtrouter orchestra clean
+.PHONY: install sandbox-backend demo storage test test-fast mlflow-ui serve retrain benchmarks bench-rl replay critique mtrouter orchestra clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ sandbox-backend:
 
 demo: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.pipeline
+
+# Point this checkout at the team's S3 store (README: "Team storage"): the endpoint from
+# ROUTEROPS_S3_ENDPOINT_URL into the git-ignored .dvc/config.local, the buckets created; keys from AWS_*.
+storage: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m services.s3
 
 test: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest

@@ -47,6 +47,22 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def artifact_location(cfg: TrackConfig) -> str:
+    """Where a new experiment keeps its artifacts: env ROUTEROPS_ARTIFACT_ROOT, else track.artifact_root.
+
+    A URI (`s3://bucket/prefix`: a team's shared store; MLflow's S3 client reads
+    MLFLOW_S3_ENDPOINT_URL and the AWS_* keys from the environment) is used as it is; a plain path is
+    made absolute and created. MLflow fixes the location when it creates the experiment, so changing
+    it later moves only new experiments.
+    """
+    root = os.environ.get("ROUTEROPS_ARTIFACT_ROOT") or cfg.artifact_root
+    if "://" in root:
+        return root.rstrip("/")
+    path = Path(root).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path.as_uri()
+
+
 def use_tracking(cfg: TrackConfig) -> str:
     """Point MLflow at the configured store (env MLFLOW_TRACKING_URI wins) and experiment."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", cfg.tracking_uri)
@@ -54,10 +70,8 @@ def use_tracking(cfg: TrackConfig) -> str:
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
     if mlflow.get_experiment_by_name(cfg.experiment) is None:
-        artifact_root = Path(cfg.artifact_root).resolve()
-        artifact_root.mkdir(parents=True, exist_ok=True)
         # The tag makes MLflow 3 open the experiment on its runs table, not the GenAI overview.
-        mlflow.create_experiment(cfg.experiment, artifact_location=artifact_root.as_uri(),
+        mlflow.create_experiment(cfg.experiment, artifact_location=artifact_location(cfg),
                                  tags={"mlflow.experimentKind": "custom_model_development"})
     mlflow.set_experiment(cfg.experiment)
     return uri
