@@ -104,6 +104,7 @@ class OpsConfig:
     retrain_cron: str = "0 4 * * 1"  # the retrain deployment's schedule (cron, UTC): Mondays 04:00
     work_pool: str = "cpu"  # the process work pool `make serve` creates and starts a worker on
     gpu_work_pool: str = "gpu"  # the pool the GPU deployments (orchestra-paper, pipeline-gpu) target
+    s3_bucket: str = "routerops-published"  # published books and pools also go here when an S3 endpoint is set
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from routerops.publishing import POOL, PRICES, in_force, pool_changes, publish
 from routerops.validation import check_column_types, check_trajectory_rows
 from routerops.workers.server import local_llm_server
 from services.prefect_server import emit_published, published_event_name
+from services.s3 import endpoint_from_env, publish_file
 from stages import STAGES, run_stage
 from stages.pipeline import reprice_tables
 
@@ -194,6 +195,10 @@ def publish_command(args: argparse.Namespace) -> None:
         return
     changes = pool_changes(old_pool, load_pool(published.path)) if args.kind == POOL else None
     print(f"published {args.kind} version {published.version} -> {published.path}")
+    if endpoint_from_env():  # a team's store: the same file where every host can fetch it (boto3)
+        key = f"published/{args.kind}/{published.version}.yaml"
+        publish_file(params.ops.s3_bucket, key, published.path)
+        print(f"uploaded to s3://{params.ops.s3_bucket}/{key}")
     if changes is not None:
         print("workers " + "; ".join(f"{k}: {', '.join(v) or '-'}" for k, v in changes.items()))
     event_id = emit_published(published, changes)
