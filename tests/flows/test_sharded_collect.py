@@ -77,9 +77,11 @@ def check_exactly_the_plan(layout: Layout, tasks: Path, params, n_shards: int) -
     return lines
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cluster():
-    """Two worker processes, one thread each, as the runner's default local cluster would start."""
+    """Two worker processes, one thread each, as the runner's default local cluster would start; its
+    address goes into collect.dask_address, the path a team's scheduler takes. Shared by the tests
+    (starting worker processes is most of their time)."""
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as local:
@@ -87,13 +89,14 @@ def cluster():
             yield local, client
 
 
-@pytest.fixture
-def prefect_api(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory):
     from prefect.testing.utilities import prefect_test_harness
 
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
-    with prefect_test_harness(server_startup_timeout=300):
-        yield
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PREFECT_HOME", str(tmp_path_factory.mktemp("prefect")))
+        with prefect_test_harness(server_startup_timeout=300):
+            yield
 
 
 def run_collect_task(params, layout: Layout, tasks: Path):
@@ -124,6 +127,18 @@ def test_two_workers_collect_one_plan_exactly_once(tmp_path, cluster, prefect_ap
     episodes = schema.read_table(layout.raw.episodes, "episodes")
     assert endpoint.requests == int((schema.read_table(layout.raw.turns, "turns").worker == "echo").sum())
     assert (episodes.ended_by != "error").all()
+
+
+def shard_task_runs(name: str) -> list[list[str]]:
+    """The state names, oldest first, of every Prefect task run called `name`."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[name])), limit=10,
+                                       sort=TaskRunSort.EXPECTED_START_TIME_DESC)
+        return [[state.name for state in client.read_task_run_states(run.id)] for run in runs]
 
 
 def kill_mid_shard(journal: Path, folder: Path, workers: set[int], at_least: int, report: dict) -> None:
@@ -164,6 +179,9 @@ def test_a_worker_killed_mid_shard_loses_nothing_and_duplicates_nothing(tmp_path
     assert journal.startswith(finished)  # the episodes journaled before the kill were kept...
     assert len(lines[str(folder)]) == len(set(lines[str(folder)]))  # ...and not run again
     assert finished.count(b"\n") < len(lines[str(folder)])  # the kill really was mid-shard
+    (states,) = shard_task_runs("collect-shard-train-0")
+    # The scheduler, not a Prefect retry, reran the shard: one task run that ran twice and completed.
+    assert states.count("Running") == 2 and states[-1] == "Completed", states
     echo_turns = int((schema.read_table(layout.raw.turns, "turns").worker == "echo").sum())
     # Calls the killed worker had in flight were answered but never journaled, so their episodes ran
     # again; at most `concurrency` (1) of them. Nothing else was called twice.
