@@ -3,7 +3,8 @@ shards is exactly the planned episode set, nothing is duplicated, also when one 
 mid-shard (the scheduler reruns its shard, which resumes from the journal).
 
 The pool is a sympy tool worker and an OpenAI-compatible endpoint (routerops.workers.chaos, a real
-HTTP server answering after a delay, so a shard is still in flight when the worker is killed).
+HTTP server answering after a delay, so a shard is still in flight when the worker is killed); the
+project is tests/stages/test_collect_shards.py's.
 """
 
 from __future__ import annotations
@@ -16,43 +17,17 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
-
 from routerops import schema
 from routerops.config import load_params
-from routerops.envs.suites import write_tasks
 from routerops.layout import Layout
 from routerops.pricing import load_pool
 from routerops.rollout import JOURNAL_NAME
 from routerops.shards import lock_holder, shard_dir, split_plan
-from routerops.types import Task
 from routerops.workers.chaos import DelayedEndpoint
 from stages.pipeline import collection_run_id, planned_parts
+from tests.stages.test_collect_shards import write_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
-
-PRICES = {"version": "shards-test", "effective_date": "2026-11-01", "currency": "USD", "prices": {
-    "echo": {"input_per_1m": 0.1, "output_per_1m": 0.4, "cached_input_per_1m": 0.05, "per_call": 0.0},
-    "sympy": {"input_per_1m": 0.0, "output_per_1m": 0.0, "per_call": 0.00001}}}
-
-
-def write_project(root: Path, url: str, shards: int, scheduler: str) -> tuple[Layout, Path]:
-    """A params.yaml, pool, price book and tasks file under `root`: the collect stage's inputs."""
-    pool = {"name": "shards-test", "workers": [
-        {"name": "echo", "kind": "llm", "endpoint": url, "model": "echo", "primitives": ["answer"],
-         "generation": {"max_tokens": 8}, "concurrency": 4, "timeout_s": 30, "max_retries": 0},
-        {"name": "sympy", "kind": "sympy", "primitives": ["sympy"], "timeout_s": 10}]}
-    (root / "configs").mkdir(parents=True)
-    (root / "configs/pool.yaml").write_text(yaml.safe_dump(pool))
-    (root / "configs/prices.yaml").write_text(yaml.safe_dump(PRICES))
-    params = {"pool": {"file": "configs/pool.yaml"}, "evaluate": {"splits": ["test"]},
-              "collect": {"price_book": "configs/prices.yaml", "budget_usd": 0.01, "turn_limit": 2, "concurrency": 1,
-                          "shards": shards, "dask_address": scheduler}}
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    splits = ["train"] * 8 + ["val"] * 2 + ["test"] * 2
-    tasks = [Task(f"add/{i}", "unit/add", split, f"{i} + 30", str(i + 30)) for i, split in enumerate(splits)]
-    return Layout(root), write_tasks(tasks, root / "data/suites/tasks.jsonl")
-
 
 def journal_lines(path: Path) -> list[str]:
     return [json.loads(line)["episode"]["episode_id"] for line in path.read_text().splitlines()] if path.exists() else []
