@@ -105,7 +105,7 @@ def test_two_workers_collect_one_plan_exactly_once(tmp_path, cluster, prefect_ap
 
 
 def shard_task_runs(name: str) -> list[list[str]]:
-    """The state names, oldest first, of every Prefect task run called `name`."""
+    """The state names, oldest first, of every Prefect task run called `name`, newest run first."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
     from prefect.client.schemas.sorting import TaskRunSort
@@ -154,7 +154,7 @@ def test_a_worker_killed_mid_shard_loses_nothing_and_duplicates_nothing(tmp_path
     assert journal.startswith(finished)  # the episodes journaled before the kill were kept...
     assert len(lines[str(folder)]) == len(set(lines[str(folder)]))  # ...and not run again
     assert finished.count(b"\n") < len(lines[str(folder)])  # the kill really was mid-shard
-    (states,) = shard_task_runs("collect-shard-train-0")
+    states = shard_task_runs("collect-shard-train-0")[0]  # this test's run: the newest of that name
     # The scheduler, not a Prefect retry, reran the shard: one task run that ran twice and completed.
     assert states.count("Running") == 2 and states[-1] == "Completed", states
     echo_turns = int((schema.read_table(layout.raw.turns, "turns").worker == "echo").sum())
