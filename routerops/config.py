@@ -38,6 +38,10 @@ class CollectConfig:
     stop_prob: float = 0.5  # random multi-turn policy: P(stop) once an answer exists
     server_ctx: int = 2048  # context window of the embedded llama.cpp server
     server_threads: int = 2  # llama.cpp generation threads; 1 is faster on a machine busy with other work
+    # Distribution (README "Sharded collection"); none of these changes an episode or its id.
+    shards: int = 1  # each part of the plan is split into this many shards, collected exactly once each
+    dask_address: str = ""  # a team's Dask scheduler ("tcp://host:8786"); "" starts a local cluster
+    dask_workers: int = 2  # worker processes of that local cluster (one thread each)
 
 
 @dataclass(frozen=True)

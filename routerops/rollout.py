@@ -329,7 +329,20 @@ async def collect(
     plan = plan_episodes(tasks, policies, run_id, seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    journal_path = out_dir / JOURNAL_NAME
+    done = await run_planned(plan, env, workers, book, budget_usd, turn_limit, out_dir / JOURNAL_NAME, run_id,
+                             seed, concurrency, progress)
+    return write_tables([done[eid] for eid, _, _ in plan], out_dir)
+
+
+async def run_planned(
+    plan: Sequence[tuple[str, Task, Policy]], env: Environment, workers: Mapping[str, Worker], book: PriceBook,
+    budget_usd: float, turn_limit: int, journal_path: Path, run_id: str, seed: int, concurrency: int,
+    progress: bool = True,
+) -> dict[str, dict[str, Any]]:
+    """Run the planned episodes `journal_path` lacks, appending each as it finishes; returns the
+    journal's entries by id. Split from `collect` so a shard (routerops.shards) runs any subset of a
+    plan, which is no longer a tasks x policies product."""
+    check_settings(budget_usd, turn_limit, concurrency)
     done = read_journal(journal_path)
     settings = {"budget_usd": float(budget_usd), "turn_limit": int(turn_limit), "price_book_version": book.version}
     for eid, _, policy in plan:
@@ -357,11 +370,12 @@ async def collect(
                     group.create_task(run_one(task, policy, journal))
     finally:
         bar.close()
-    return write_tables([done[eid] for eid, _, _ in plan], out_dir)
+    return done
 
 
 def write_tables(entries: list[dict[str, Any]], out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Episodes in plan order, turns by episode then turn index; each file replaced atomically."""
+    """Episodes in the order given (plan order), turns by episode then turn index; each file replaced
+    atomically."""
     episodes = pd.DataFrame([e["episode"] for e in entries], columns=schema.EPISODE_SCHEMA.names)
     turns = pd.DataFrame([t for e in entries for t in e["turns"]], columns=schema.TURN_SCHEMA.names)
     schema.write_table(episodes, out_dir / "episodes.parquet", "episodes")

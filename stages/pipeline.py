@@ -8,15 +8,17 @@ output hashes) that the track stage turns into one MLflow run per stage. `router
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
-from routerops import schema
+from routerops import schema, shards
 from routerops.config import Params
 from routerops.envs.qa import QAEnvironment
 from routerops.envs.suites import materialise_suites, read_tasks, write_tasks
@@ -25,7 +27,7 @@ from routerops.layout import Layout, Trajectories
 from routerops.policies import SINGLE, behaviour_policies, policies_by_name
 from routerops.pricing import check_pool_priced, derive_costs, load_pool, load_price_book
 from routerops.report import breakdown_by_split, evaluate_policies, write_report
-from routerops.rollout import collect_sync
+from routerops.rollout import plan_episodes
 from routerops.validation import validate_trajectories, write_validation_report
 from routerops.workers import build_workers, check_pool_runnable
 from routerops.workers.server import local_llm_server
@@ -49,12 +51,18 @@ def write_suites(cfg, path: Path, manifests: Path, stage: str) -> Path:
     return path
 
 
+# Where episodes run changes nothing about them: these settings stay out of the run id, so a
+# collection keeps its episode ids (and resumes) when it is spread over more or fewer workers.
+PLACEMENT_KEYS = ("shards", "dask_address", "dask_workers")
+
+
 def collection_run_id(params: Params, layout: Layout, tasks: Path) -> str:
     """Same inputs → same run id → same episode ids, so a rerun resumes instead of duplicating."""
     h = hashlib.sha256()
     for path in (tasks, layout.resolve(params.pool.file), layout.resolve(params.collect.price_book)):
         h.update(schema.file_sha256(path).encode())
-    h.update(json.dumps(dataclasses.asdict(params.collect), sort_keys=True).encode())
+    settings = {k: v for k, v in dataclasses.asdict(params.collect).items() if k not in PLACEMENT_KEYS}
+    h.update(json.dumps(settings, sort_keys=True).encode())
     return h.hexdigest()[:12]
 
 
@@ -76,21 +84,63 @@ def collection_plan(params: Params, pool, tasks: list) -> list[tuple[str, list, 
             ("eval", evaluation, every)]
 
 
-def collect(params: Params, layout: Layout, tasks: Path) -> Trajectories:
-    """Run the collection plan against the pool; starts the local LLM server when the pool uses it."""
+@dataclasses.dataclass(frozen=True)
+class ShardJob:
+    """One unit of a collection's work: shard `shard` of `n_shards` of one part (train / val / eval)
+    of the plan. Small and picklable, so a Dask worker on another process or machine can run it."""
+
+    label: str
+    shard: int
+    n_shards: int
+    run_id: str
+    base_url: str | None  # the LLM server the stage started (None: the pool names its own endpoints)
+
+
+def planned_parts(params: Params, pool, tasks: Path, run_id: str) -> dict[str, list]:
+    """Every non-empty part of the collection plan as (episode id, task, policy) rows, by label."""
+    parts = collection_plan(params, pool, read_tasks(tasks))
+    return {label: plan_episodes(part, policies, run_id, params.collect.seed) for label, part, policies in parts
+            if part}
+
+
+def collect_shard(params: Params, layout: Layout, tasks: Path, job: ShardJob) -> int:
+    """Collect one shard into its journal (routerops.shards); runs in whichever process is handed
+    the job, rebuilding pool, workers and plan from the same files, and returns its episode count."""
+    cfg = params.collect
+    pool, book = load_pool(layout.resolve(params.pool.file)), load_price_book(layout.resolve(cfg.price_book))
+    plan = planned_parts(params, pool, tasks, job.run_id)[job.label]
+    return asyncio.run(shards.collect_shard(
+        plan, job.shard, job.n_shards, QAEnvironment(), build_workers(pool, job.base_url), book, cfg.budget_usd,
+        cfg.turn_limit, layout.journals / job.run_id / job.label, job.run_id, cfg.seed, cfg.concurrency,
+        progress=job.n_shards == 1))
+
+
+def run_shards_here(params: Params, layout: Layout, tasks: Path, jobs: list[ShardJob]) -> None:
+    """The shards one after another in this process: what `routerops stage collect` (DVC) does. A
+    Prefect flow passes a runner that spreads them over Dask workers (tasks/shards.py)."""
+    for job in jobs:
+        collect_shard(params, layout, tasks, job)
+
+
+def collect(params: Params, layout: Layout, tasks: Path,
+            run_shards: Callable[..., None] = run_shards_here) -> Trajectories:
+    """Run the collection plan against the pool, in `collect.shards` shards per part handed to
+    `run_shards`; starts the local LLM server when the pool uses it, for as long as they run."""
     cfg = params.collect
     pool_file, book_file = layout.resolve(params.pool.file), layout.resolve(cfg.price_book)
     pool, book = load_pool(pool_file), load_price_book(book_file)
     check_pool_priced(pool, book, book_file)
     check_pool_runnable(pool)  # before the LLM server starts: a pool whose tools cannot run fails now
+    shards.check_shard_count(cfg.shards)
     run_id = collection_run_id(params, layout, tasks)
+    plan = planned_parts(params, pool, tasks, run_id)
     uses_local = any(w.kind == "llm" and w.endpoint == "local" for w in pool.workers)
     server = local_llm_server(n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) if uses_local else None
     with server or contextlib.nullcontext() as base_url:
-        common = dict(env=QAEnvironment(), workers=build_workers(pool, base_url), book=book, budget_usd=cfg.budget_usd,
-                      turn_limit=cfg.turn_limit, run_id=run_id, seed=cfg.seed, concurrency=cfg.concurrency)
-        parts = [collect_sync(part, policies, out_dir=layout.journals / run_id / label, **common)
-                 for label, part, policies in collection_plan(params, pool, read_tasks(tasks)) if part]
+        run_shards(params, layout, tasks, [ShardJob(label, k, cfg.shards, run_id, base_url)
+                                           for label in plan for k in range(cfg.shards)])
+    parts = [shards.merge_shards(part, cfg.shards, layout.journals / run_id / label, book, cfg.budget_usd,
+                                 cfg.turn_limit) for label, part in plan.items()]
     episodes = pd.concat([ep for ep, _ in parts], ignore_index=True)
     turns = pd.concat([tu for _, tu in parts], ignore_index=True)
     raw = layout.raw

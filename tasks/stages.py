@@ -6,14 +6,26 @@ so a flow that passes them along shows the data lineage in the Prefect UI.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import task
 
+from routerops.config import Params
+from routerops.layout import Layout, Trajectories
 from stages import mtrouter, orchestra, pipeline, replay, retrain, routers, track
+from tasks.shards import run_shards_on_dask
 
 materialise_task = task(pipeline.materialise, name="materialise-suites")
+
+
 # Collection talks to live endpoints; the engine retries single calls, and a rerun of the task
-# resumes from its journal, so retrying the whole task is safe and never duplicates an episode.
-collect_task = task(pipeline.collect, name="collect-trajectories", retries=2, retry_delay_seconds=5)
+# resumes from its journals, so retrying the whole task is safe and never duplicates an episode.
+# With collect.shards > 1 its shards run as their own tasks on Dask workers (tasks/shards.py).
+@task(name="collect-trajectories", retries=2, retry_delay_seconds=5)
+def collect_task(params: Params, layout: Layout, tasks: Path) -> Trajectories:
+    return pipeline.collect(params, layout, tasks, run_shards=run_shards_on_dask)
+
+
 reprice_task = task(pipeline.reprice, name="reprice-trajectories")
 validate_task = task(pipeline.validate, name="validate-trajectories")
 evaluate_task = task(pipeline.evaluate, name="evaluate-policies")
