@@ -12,7 +12,6 @@ reader never sees half a file and an interrupted pull leaves the old one.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import botocore.exceptions
 from botocore.config import Config
 
 from routerops.errors import RouteropsError
+from routerops.schema import file_sha256
 
 ENDPOINT_VARS = ("ROUTEROPS_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 KEY_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -138,14 +138,6 @@ def download_file(bucket: str, key: str, dest: str | Path, client=None) -> Path:
     return dest
 
 
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def publish_file(bucket: str, key: str, path: str | Path, client=None) -> str:
     """Publish `path` as s3://bucket/key and return its version: the content's sha256 (hex).
 
@@ -154,7 +146,7 @@ def publish_file(bucket: str, key: str, path: str | Path, client=None) -> str:
     object's metadata (`x-amz-meta-sha256`); the bucket is created if needed.
     """
     client = client or s3_client()
-    version = sha256_file(path)
+    version = file_sha256(path)
     ensure_bucket(bucket, client=client)
     upload_file(path, bucket, key, client=client, metadata={"sha256": version})
     return version
