@@ -13,7 +13,7 @@ import pytest
 from models import registry
 from models.baselines import KNNRouter
 from routerops.config import (
-    EvaluateConfig, Params, RegisterConfig, RepriceConfig, RoutersConfig, TrackConfig,
+    EvaluateConfig, Params, PoolConfig, RegisterConfig, RepriceConfig, RoutersConfig, TrackConfig,
 )
 from routerops.envs.replay import write_logged_outcomes
 from routerops.layout import Layout
@@ -56,12 +56,16 @@ def layout(tmp_path, monkeypatch):
     (tmp_path / "prices.yaml").write_text("version: toy-1\neffective_date: 2026-01-01\nprices:\n"
                                           "  cheap: {input_per_1m: 0.1, output_per_1m: 0.1}\n"
                                           "  dear: {input_per_1m: 5.0, output_per_1m: 15.0}\n")
+    # The register step records the pool's version on what it registers: a pool of the grid's workers.
+    (tmp_path / "pool.yaml").write_text("name: toy\nworkers:\n"
+                                        "  - {name: cheap, kind: sympy, primitives: [sympy]}\n"
+                                        "  - {name: dear, kind: sympy, primitives: [sympy]}\n")
     yield Layout(tmp_path)
     mlflow.set_tracking_uri(None)
 
 
 def params(tmp_path) -> Params:
-    return Params(reprice=RepriceConfig(price_book="prices.yaml"), evaluate=EvaluateConfig(splits=["test", "ood"]),
+    return Params(pool=PoolConfig(file="pool.yaml"), reprice=RepriceConfig(price_book="prices.yaml"), evaluate=EvaluateConfig(splits=["test", "ood"]),
                   routers=RoutersConfig(routers=["random", "oracle", "leakcheck"], seeds=[0], bootstrap=0),
                   register=RegisterConfig(candidates=["leakcheck", "logistic"], k=3, n_boot=200),
                   track=TrackConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
@@ -88,6 +92,8 @@ def test_routers_and_register_never_train_on_val_test_or_ood(layout):
     summary = json.loads(routers.register(cfg, layout, grid, report).read_text())
     assert LeakCheckingKNN.seen and all(q.startswith("train/") for q in LeakCheckingKNN.seen)
     assert summary["gate_split"] == "val" and summary["decision"]["promote"]  # the first version
+    assert summary["decision"]["evidence"]["data.price_book_version"] == "toy-1"
+    assert summary["decision"]["evidence"]["data.pool_version"].startswith("toy-")
     assert {row["router"] for row in summary["selection"]} == {"leakcheck", "logistic"}
     gate_ids = summary["decision"]["evidence"]["gate_ids"]
     assert gate_ids and all(q.startswith("val/") for q in gate_ids)
