@@ -73,6 +73,12 @@ def pool_version(pool: Pool, sha256: str) -> str:
     return f"{pool.name}-{sha256[:12]}"
 
 
+def versions(book_file: Path, pool_file: Path) -> dict[str, str]:
+    """The versions a run records of the price book and pool it used (tags, registry decisions)."""
+    return {"price_book_version": load_price_book(book_file).version,
+            "pool_version": pool_version(load_pool(pool_file), schema.file_sha256(pool_file))}
+
+
 def publish(kind: str, src: str | Path, store: str | Path, *, pool_file: Path, book_file: Path) -> tuple[Published, bool]:
     """Validate `src`, store it as the new version of `kind` in force; (published, changed).
 

@@ -23,11 +23,11 @@ from gateway.cli import add_gateway_parser
 from models.baselines import PromptedLLMRouter
 from models.registry import ROUTER_FACTORIES
 from routerops import schema
+from routerops.config import load_params
 from routerops.envs.jsonl_qa import import_jsonl_qa
 from routerops.envs.replay import import_routellm_gsm8k, load_logged_outcomes, write_logged_outcomes
 from routerops.envs.suites import write_tasks
 from routerops.errors import InputError, RouteropsError
-from routerops.config import load_params
 from routerops.pricing import load_pool, load_price_book
 from routerops.publishing import POOL, PRICES, in_force, pool_changes, publish
 from routerops.validation import check_column_types, check_trajectory_rows

@@ -37,7 +37,8 @@ from routerops.envs.suites import read_tasks
 from routerops.layout import Layout, Trajectories
 from routerops.policies import SINGLE, policies_by_name
 from routerops.pricing import check_pool_priced, load_pool, load_price_book
-from routerops.publishing import POOL, PRICES, copy_atomic, current_version, pool_changes, pool_version, worker_signature
+from routerops.publishing import POOL, PRICES, copy_atomic, pool_changes, versions, worker_signature
+from routerops.publishing import in_force as file_in_force
 from routerops.rollout import JOURNAL_NAME, collect_sync, plan_episodes, read_journal
 from routerops.workers import build_workers
 from routerops.workers.server import local_llm_server
@@ -66,13 +67,10 @@ class InForce:
 def in_force(params: Params, repo: Layout, trigger: str = "manual") -> InForce:
     """The published price book and pool in force (params.yaml's files when nothing was published)."""
     store = repo.resolve(params.ops.publish_dir)
-    book = current_version(store, PRICES)
-    pool = current_version(store, POOL)
-    book_file = book.path if book else repo.resolve(params.reprice.price_book)
-    pool_file = pool.path if pool else repo.resolve(params.pool.file)
-    pool_spec = load_pool(pool_file)
-    return InForce(Path(book_file).resolve(), load_price_book(book_file).version, Path(pool_file).resolve(),
-                   pool_version(pool_spec, schema.file_sha256(pool_file)), trigger,
+    book_file = file_in_force(store, PRICES, repo.resolve(params.reprice.price_book)).resolve()
+    pool_file = file_in_force(store, POOL, repo.resolve(params.pool.file)).resolve()
+    found = versions(book_file, pool_file)
+    return InForce(book_file, found["price_book_version"], pool_file, found["pool_version"], trigger,
                    repo.resolve(params.pool.file).resolve())
 
 

@@ -29,8 +29,8 @@ from routerops.envs.replay import load_logged_outcomes, write_logged_outcomes
 from routerops.envs.suites import read_tasks
 from routerops.grid import logged_outcomes_from_trajectories
 from routerops.layout import Layout, Trajectories
-from routerops.pricing import load_pool, load_price_book
-from routerops.publishing import pool_version
+from routerops.pricing import load_price_book
+from routerops.publishing import versions
 from routerops.promotion import GateConfig
 from routerops.report import plot_router_curves, to_markdown
 from stages.manifest import write_manifest
@@ -109,9 +109,7 @@ def without_attrs(frame: pd.DataFrame) -> pd.DataFrame:
 def inputs_in_force(params: Params, layout: Layout) -> dict[str, str]:
     """The price book and pool versions a register step judged under: recorded on the registered
     version and in the promotion decision, so every champion says which prices and pool chose it."""
-    pool_file, book_file = layout.resolve(params.pool.file), layout.resolve(params.reprice.price_book)
-    return {"price_book_version": load_price_book(book_file).version,
-            "pool_version": pool_version(load_pool(pool_file), schema.file_sha256(pool_file))}
+    return versions(layout.resolve(params.reprice.price_book), layout.resolve(params.pool.file))
 
 
 def choose_family(train: RoutingData, candidates: list[str], k: int, seed: int) -> tuple[str, pd.DataFrame]:

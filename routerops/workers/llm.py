@@ -142,7 +142,6 @@ class LLMWorker:
         return _to_result(completion)
 
 
-
 def chat_request(spec: WorkerSpec, payload: Payload, max_tokens: int | None = None) -> dict:
     """The chat-completions request for `payload` on worker `spec`: its system prompt first (merged
     into the caller's system message), its model name, its generation settings, `max_tokens` if given
