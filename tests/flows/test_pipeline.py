@@ -1,8 +1,9 @@
 """End to end: the Prefect flow on a tiny suite with the real local LLM server, then DVC.
 
-Checks the issue's promises: the flow leaves trajectories with real token counts, a passed
+Checks the issues' promises: the flow leaves trajectories with real token counts, a passed
 validation, the evaluation report with its plot and MLflow runs; `dvc repro` right after is a
-no-op; a price change re-runs only the cost stages, with no LLM call.
+no-op; the auditor's path through the team's S3 store (a real SeaweedFS) reproduces the committed
+reports from a fresh clone; a price change re-runs only the cost stages, with no LLM call.
 """
 
 from __future__ import annotations
@@ -19,6 +20,14 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+# What a new price book re-runs (dvc.yaml) and what they write; `register` and `track` are left out:
+# they write to the auditor's own MLflow, whose run ids and versions differ by construction.
+COST_STAGES = ["reprice", "validate", "evaluate", "grid", "routers"]
+COST_REPORTS = ["reports/validation.json", "reports/eval/metrics.json", "reports/eval/leaderboard.csv",
+                "reports/eval/leaderboard.md", "reports/eval/breakdown.csv", "reports/eval/accuracy_cost.png",
+                "reports/routers/leaderboard.csv", "reports/routers/curves.csv", "reports/routers/meta.json",
+                "reports/routers/accuracy_cost.png"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -29,10 +38,13 @@ def copy_repository(dst: Path) -> None:
         if (REPO / name).is_file():
             (dst / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, dst / name)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(git + ["init", "-q"], cwd=dst, check=True)
-    subprocess.run(git + ["add", "-A"], cwd=dst, check=True)
-    subprocess.run(git + ["commit", "-qm", "copy"], cwd=dst, check=True)
+    git(dst, "init", "-q")
+    git(dst, "add", "-A")
+    git(dst, "commit", "-qm", "copy")
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(GIT + list(args), cwd=root, check=True, capture_output=True, text=True).stdout
 
 
 def shrink_params(root: Path) -> None:
@@ -57,14 +69,49 @@ def project(tmp_path, monkeypatch):
     root.mkdir()
     copy_repository(root)
     shrink_params(root)
+    git(root, "commit", "-qam", "tiny scale")
     monkeypatch.chdir(root)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow' / 'test.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     return root
 
 
-def test_flow_then_dvc_repro_then_price_change(project):
+def the_auditor_reproduces_the_committed_reports(team: Path, auditor: Path, seaweedfs, monkeypatch) -> None:
+    """The team commits code, dvc.lock and the reports it publishes and `dvc push`es the data to
+    S3; an auditor clones, `dvc pull`s (no LLM call), finds `dvc repro` has nothing to do, and
+    re-runs the cost-dependent stages by force: the committed reports come back byte for byte."""
+    from services.s3 import configure_storage, list_keys
+
+    for name, value in seaweedfs.env().items():  # the team member's keys, exported; nothing in a file
+        monkeypatch.setenv(name, value)
+    git(team, "add", "-A")
+    git(team, "add", "-f", "reports")  # reports/ is git-ignored; a team commits the ones it publishes
+    git(team, "commit", "-qm", "results")
+    configure_storage(team)
+    dvc(team, "push")
+    assert any(key.startswith("store/files/md5/") for key in list_keys("routerops-dvc", "store/"))
+
+    subprocess.run(["git", "clone", "-q", str(team), str(auditor)], check=True)
+    assert not (auditor / ".dvc/config.local").exists()  # the endpoint is per machine, not committed
+    configure_storage(auditor)
+    # The main pipeline, as its committed lock describes it. A bare `dvc pull` also visits
+    # pipelines/*/dvc.yaml, whose stages never ran here and have no lock: DVC calls that an error.
+    dvc(auditor, "pull", "dvc.yaml")
+    assert (auditor / "data/raw/turns.parquet").is_file() and (auditor / "data/grid/outcomes.parquet").is_file()
+    out = dvc(auditor, "repro")
+    assert "Running stage" not in out, out  # pulled data + committed lock: nothing to do
+
+    committed = {name: (auditor / name).read_bytes() for name in COST_REPORTS}
+    out = dvc(auditor, "repro", "--force", "--single-item", *COST_STAGES)
+    assert all(f"Running stage '{stage}'" in out for stage in COST_STAGES), out
+    assert "Running stage 'collect'" not in out
+    changed = {name for name in COST_REPORTS if (auditor / name).read_bytes() != committed[name]}
+    assert not changed, f"re-running {COST_STAGES} changed {changed}"
+    assert git(auditor, "status", "--porcelain", "--untracked-files=no") == ""  # dvc.lock too
+
+
+def test_flow_then_dvc_repro_then_audit_then_price_change(project, seaweedfs, tmp_path, monkeypatch):
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.pipeline import pipeline
@@ -101,6 +148,10 @@ def test_flow_then_dvc_repro_then_price_change(project):
     assert "Data and pipelines are up to date" in dvc(project, "status", "dvc.yaml")
     out = dvc(project, "repro")
     assert "Running stage" not in out, out
+
+    with monkeypatch.context() as auditor_env:  # the auditor's own MLflow store
+        auditor_env.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'auditor-mlflow.db'}")
+        the_auditor_reproduces_the_committed_reports(project, tmp_path / "auditor", seaweedfs, auditor_env)
 
     before = pd.read_parquet(project / "data/priced/episodes.parquet").cost_usd.sum()
     book_path = project / "configs/prices/current.yaml"
