@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -36,7 +36,7 @@ import routerops
 from evaluation.replay import cost_window
 from evaluation.servable import Servable, load_servable
 from evaluation.serving import ServedRouter, fingerprint, judge_on_split
-from evaluation.tracking import git_commit
+from evaluation.tracking import git_commit, log_dataset_inputs
 from models.base import RoutingData
 from routerops.promotion import GateConfig, Outcomes, PromotionDecision, decide_promotion
 
@@ -94,14 +94,17 @@ def _code_paths() -> list[str]:
 
 
 def register(servable: Servable, *, data_hashes: dict[str, str] | None = None,
-             metrics: dict[str, float] | None = None, include_code: bool = True) -> RegisteredRouter:
+             metrics: dict[str, float] | None = None, include_code: bool = True,
+             training_inputs: Iterable[str | Path] = ()) -> RegisteredRouter:
     """Log `servable` as a pyfunc model in a new run and register it under its name, tagged with its
-    provenance, the git commit and `data_hashes` (as `data.<key>`)."""
+    provenance, the git commit and `data_hashes` (as `data.<key>`); `training_inputs` (what it was
+    fitted on, the price book and pool it was priced under) are the run's MLflow dataset inputs."""
     name = servable.registered_name()
     tags = {"git_commit": git_commit(), **servable.tags(), **{f"data.{k}": str(v) for k, v in (data_hashes or {}).items()}}
     with mlflow.start_run(run_name=f"register {name}", nested=mlflow.active_run() is not None) as run, \
             tempfile.TemporaryDirectory(prefix="servable-") as tmp:
         mlflow.set_tags(tags)
+        log_dataset_inputs(training_inputs, context="train")
         mlflow.log_params({k: str(v)[:500] for k, v in servable.params().items()})
         if metrics:
             mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
@@ -154,9 +157,9 @@ def _paired(candidate: Judged, champion: Judged | None) -> tuple[Outcomes, Outco
 
 
 def promote(name: str, version: str, candidate: Judged, judge: Judge, cfg: GateConfig,
-            data_hashes: dict[str, str] | None = None) -> PromotionDecision:
+            data_hashes: dict[str, str] | None = None, gate_inputs: Iterable[str | Path] = ()) -> PromotionDecision:
     """Judge the current champion with `judge`, compare with `candidate` (see module docstring), move
-    the alias if the candidate wins, and log the decision."""
+    the alias if the candidate wins, and log the decision (`gate_inputs`: the data it judged on)."""
     version = str(version)
     champion_v = champion_version(name)
     if champion_v == version:
@@ -174,16 +177,16 @@ def promote(name: str, version: str, candidate: Judged, judge: Judge, cfg: GateC
     cand_out, champ_out, pairs = _paired(candidate, champion)
     decision = decide_promotion(cand_out, champ_out, cfg, window=candidate.window, evidence={**evidence, **pairs})
     decision = _replacing_incompatible(decision)
-    log_decision(name, version, decision)
+    log_decision(name, version, decision, gate_inputs)
     return decision
 
 
 def register_and_promote(servable: Servable, candidate: Judged, judge: Judge, cfg: GateConfig, *,
-                         data_hashes: dict[str, str] | None = None, **log_kwargs: Any
-                         ) -> tuple[RegisteredRouter, PromotionDecision]:
+                         data_hashes: dict[str, str] | None = None, gate_inputs: Iterable[str | Path] = (),
+                         **log_kwargs: Any) -> tuple[RegisteredRouter, PromotionDecision]:
     """A register step: log + register the servable, then run the promotion gate."""
     registered = register(servable, data_hashes=data_hashes, **log_kwargs)
-    decision = promote(registered.name, registered.version, candidate, judge, cfg, data_hashes)
+    decision = promote(registered.name, registered.version, candidate, judge, cfg, data_hashes, gate_inputs)
     return registered, decision
 
 
@@ -196,8 +199,10 @@ def _replacing_incompatible(decision: PromotionDecision) -> PromotionDecision:
                                f"this pool ({evidence['champion_incompatible']}): the candidate replaces it")
 
 
-def log_decision(name: str, version: str, decision: PromotionDecision) -> str:
-    """Record the decision (run + JSON artifact + version tags) and, when it promotes, move the alias."""
+def log_decision(name: str, version: str, decision: PromotionDecision,
+                 gate_inputs: Iterable[str | Path] = ()) -> str:
+    """Record the decision (run + JSON artifact + version tags, the data it judged on as dataset
+    inputs) and, when it promotes, move the alias."""
     record = decision.to_dict()
     verdict = "promoted" if decision.promote else "refused"
     with mlflow.start_run(run_name=f"promotion-gate {name} v{version}",
@@ -211,6 +216,7 @@ def log_decision(name: str, version: str, decision: PromotionDecision) -> str:
         mlflow.set_tags({"promotion.decision": verdict, "promotion.reason": decision.reason[:5000],
                          "git_commit": git_commit()})
         mlflow.log_dict(record, DECISION_FILE)
+        log_dataset_inputs(gate_inputs, context="gate")
     client = mlflow.MlflowClient()
     version_tags = {"promotion.decision": verdict, "promotion.run_id": run.info.run_id,
                     "promotion.objective": decision.objective, "promotion.reason": decision.reason[:5000],

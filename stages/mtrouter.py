@@ -382,7 +382,8 @@ def register(run: MTRouterRun, layout: Layout, tasks: Path, train: Trajectories,
     use_tracking(run.track)
     registered, decision = register_and_promote(
         served, judged_episodes(mine), partial(champion_outcomes, run, layout, task_list), gate_config(run),
-        data_hashes=hashes, metrics=metrics)
+        data_hashes=hashes, metrics=metrics, training_inputs=[train.episodes, train.turns, tasks],
+        gate_inputs=[layout.mtrouter_eval.episodes, tasks])
     summary = {"name": registered.name, "version": registered.version, "model_uri": registered.model_uri,
                "run_id": registered.run_id, "decision": decision.to_dict()}
     report = layout.mtrouter_reports / "registry.json"

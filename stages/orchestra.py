@@ -582,7 +582,9 @@ def register(run: OrchestraRun, layout: Layout, tasks: Path, adapter: Path, eval
     use_tracking(run.track)
     registered, decision = register_and_promote(
         served, candidate, lambda champion, label: champion_on_val(run, layout, task_list, champion, label),
-        gate_config(run), data_hashes=hashes, metrics=metrics)
+        gate_config(run), data_hashes=hashes, metrics=metrics,
+        training_inputs=[layout.orchestra_sft, tasks, layout.resolve(run.pool), layout.resolve(run.price_book)],
+        gate_inputs=[evaluation, tasks, layout.resolve(run.price_book)])
     summary = {"name": registered.name, "version": registered.version, "model_uri": registered.model_uri,
                "run_id": registered.run_id, "decision": decision.to_dict()}
     schema.write_json_atomic(summary, layout.orchestra_registry)

@@ -138,7 +138,10 @@ def register(params: Params, layout: Layout, grid_path: Path, router_report: dic
     use_tracking(params.track)
     hashes = {"grid_sha256": schema.file_sha256(grid_path), "train_queries": str(len(train)),
               **inputs_in_force(params, layout)}
-    registered, decision = register_and_promote(served, judge(served, "candidate"), judge, gate, data_hashes=hashes)
+    in_force = [book_file, layout.resolve(params.pool.file)]
+    registered, decision = register_and_promote(served, judge(served, "candidate"), judge, gate, data_hashes=hashes,
+                                                training_inputs=[grid_path, *in_force],
+                                                gate_inputs=[grid_path, *in_force])
     summary = {"family": family, "chosen_by": f"AIQ cross-fitted on the {TRAIN} split (k={cfg.k})",
                "selection": selection[["router", "aiq"]].to_dict("records"), "gate_split": GATE,
                "name": registered.name, "version": registered.version, "model_uri": registered.model_uri,

@@ -162,6 +162,36 @@ def test_aiq_objective_gate_and_pool_change(tracking):
     assert str(champion.version) == new_pool.version
 
 
+
+def test_the_register_and_gate_runs_list_the_data_they_read(tracking, tmp_path, monkeypatch):
+    """The MLflow UI's Dataset column: the register run shows what the router was fitted on and
+    priced under (context train), the promotion-gate run what it was judged on (context gate)."""
+    import mlflow
+    import yaml
+
+    from evaluation.registry import logged_grid_judge, register_and_promote
+
+    monkeypatch.chdir(tmp_path)  # datasets are named by their path under the working directory
+    train, gate_data = routing_data(80, seed=5), routing_data(40, seed=6)
+    logged_outcomes(80, seed=5).assign(split="train").to_parquet("train.parquet")
+    logged_outcomes(40, seed=6).assign(split="val").to_parquet("val.parquet")
+    Path("book.yaml").write_text(yaml.safe_dump({"version": BOOK.version, "prices": {}}))
+    served = ServedRouter.from_fitted(surface_router().fit(train), train, BOOK.version, embedding=None, family="surface")
+    judge = logged_grid_judge(gate_data, GATE, served)
+    registered, _ = register_and_promote(served, judge(served, "candidate"), judge, GATE, include_code=False,
+                                         training_inputs=["train.parquet", "book.yaml", "absent.parquet"],
+                                         gate_inputs=["val.parquet"])
+
+    client = mlflow.MlflowClient()
+    gate_run = client.get_model_version(registered.name, registered.version).tags["promotion.run_id"]
+
+    def contexts(run_id: str) -> dict[str, str]:
+        return {i.dataset.name: {t.key: t.value for t in i.tags}["mlflow.data.context"]
+                for i in client.get_run(run_id).inputs.dataset_inputs}
+
+    assert contexts(registered.run_id) == {"train.parquet": "train", "book.yaml": "train"}
+    assert contexts(gate_run) == {"val.parquet": "gate"}
+
 def test_logged_model_signature_bundle_and_budget_rule(tracking, tmp_path):
     import mlflow
     from mlflow.models import Model
