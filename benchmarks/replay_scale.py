@@ -198,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
             "build_table": round(build_s, 1),
             "replay": round(replay_s, 1),
             "embedding": round(timings["embedding_s"], 1),
+            # every learned router's (seed, fold) fits in one pool of workers, dearest first (wall);
+            # each router's fit_score_s below includes its share of it (task seconds / workers)
+            "pooled_fits": round(timings.get("pooled_fits_s", 0.0), 1),
             "routers": {name: {k: round(v, 1) for k, v in t.items()} for name, t in timings["routers"].items()},
             "bootstrap_total": round(sum(t.get("bootstrap_s", 0.0) for t in timings["routers"].values()), 1),
         },

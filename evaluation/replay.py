@@ -36,7 +36,7 @@ from models.mtrouter.ablations import SINGLE_TURN_ABLATIONS, run_ablations
 from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.history import build_history_encoder
 from models.mtrouter.router import MTRouterRouter
-from models.registry import ENSEMBLES, ROUTER_FACTORIES, make_router, same_predictions
+from models.registry import ENSEMBLES, FIT_COST, ROUTER_FACTORIES, make_router, same_predictions
 from routerops import metrics
 from routerops.envs.replay import load_logged_outcomes, validate_logged_outcomes, worker_order
 from routerops.errors import InputError, RouteropsError
@@ -269,27 +269,48 @@ def held_out_qualities(factory, data: RoutingData, k: int, seeds: Sequence[int],
     puts those vectors in its own memo first, so a router that embeds (MTRouter's φ) finds them
     there instead of running the encoder again.
     """
+    return held_out_qualities_of({None: factory}, data, k, seeds, train, n_jobs, vectors_id)[0][None]
+
+
+def held_out_qualities_of(factories: dict, data: RoutingData, k: int, seeds: Sequence[int],
+                          train: RoutingData | None = None, n_jobs: int = 1, vectors_id: str | None = None,
+                          cost: dict | None = None) -> tuple[dict, dict]:
+    """held_out_qualities for several routers at once, as one pool of (router, seed, fold) tasks:
+    ({name: {seed: (n, w)}}, {name: seconds its fits took, summed over tasks}).
+
+    Tasks are handed out dearest first (`cost`: relative seconds per fit by name, default 1), the
+    longest-processing-time order: the workers then finish within about one small fit of each
+    other, instead of each router's last fold leaving a core idle (15 folds on 2 cores: half a fit
+    per router). Predictions are those of held_out_qualities for each router alone (same folds,
+    same seeds, each fit in its own task).
+    """
     if train is not None and list(train.workers) != list(data.workers):
         raise InputError("training table", "worker", f"trains on workers {train.workers}, scores {data.workers}")
     if train is None and not 2 <= k <= len(data):
         raise ValueError(f"k={k} folds needs 2 ≤ k ≤ n={len(data)}")
-    tasks = []  # (seed, rows fitted on or None for `train`, rows scored or None for all of `data`)
+    splits = []  # (seed, rows fitted on or None for `train`, rows scored or None for all of `data`)
     for seed in seeds:
         if train is not None:
-            tasks.append((seed, None, None))
+            splits.append((seed, None, None))
             continue
         folds = KFold(n_splits=k, shuffle=True, random_state=seed).split(np.arange(len(data)))
-        tasks.extend((seed, fit_rows, score_rows) for fit_rows, score_rows in folds)
+        splits.extend((seed, fit_rows, score_rows) for fit_rows, score_rows in folds)
+    cost = cost or {}
+    names = sorted(factories, key=lambda name: -float(cost.get(name, 1.0)))  # stable: ties keep their order
+    tasks = [(name, *split) for name in names for split in splits]
     if n_jobs > 1 and len(tasks) > 1:
         run = joblib.delayed(_fit_and_score_in_worker)
         results = joblib.Parallel(n_jobs=min(n_jobs, len(tasks)), backend="loky")(
-            run(factory, data, train, seed, fit_rows, score_rows, vectors_id) for seed, fit_rows, score_rows in tasks)
+            run(factories[name], data, train, seed, fit_rows, score_rows, vectors_id)
+            for name, seed, fit_rows, score_rows in tasks)
     else:
-        results = [_fit_and_score(factory, data, train, *task) for task in tasks]
-    quality = {seed: np.full((len(data), len(data.workers)), np.nan) for seed in seeds}
-    for (seed, _, score_rows), predicted in zip(tasks, results):
-        quality[seed][slice(None) if score_rows is None else score_rows] = predicted
-    return quality
+        results = [_timed_fit_and_score(factories[name], data, train, *task) for name, *task in tasks]
+    quality = {name: {seed: np.full((len(data), len(data.workers)), np.nan) for seed in seeds} for name in names}
+    seconds = dict.fromkeys(names, 0.0)
+    for (name, seed, _, score_rows), (predicted, took) in zip(tasks, results):
+        quality[name][seed][slice(None) if score_rows is None else score_rows] = predicted
+        seconds[name] += took
+    return quality, seconds
 
 
 def _fit_and_score(factory, data: RoutingData, train: RoutingData | None, seed: int, fit_rows, score_rows) -> np.ndarray:
@@ -298,12 +319,17 @@ def _fit_and_score(factory, data: RoutingData, train: RoutingData | None, seed: 
     return _build(factory, seed).fit(fit_on).predict_quality(scored)
 
 
-def _fit_and_score_in_worker(factory, data, train, seed, fit_rows, score_rows, vectors_id) -> np.ndarray:
+def _timed_fit_and_score(factory, data, train, seed, fit_rows, score_rows) -> tuple[np.ndarray, float]:
+    start = time.perf_counter()
+    return _fit_and_score(factory, data, train, seed, fit_rows, score_rows), time.perf_counter() - start
+
+
+def _fit_and_score_in_worker(factory, data, train, seed, fit_rows, score_rows, vectors_id) -> tuple[np.ndarray, float]:
     if vectors_id is not None:
         for part in (data, train):
             if part is not None and part.embeddings is not None:
                 remember_vectors(vectors_id, part.queries, part.embeddings)
-    return _fit_and_score(factory, data, train, seed, fit_rows, score_rows)
+    return _timed_fit_and_score(factory, data, train, seed, fit_rows, score_rows)
 
 
 # Below this many queries a replay fits in this process: starting workers (each imports torch and
@@ -328,29 +354,70 @@ class SharedPredictions:
     members are fitted once for their own rows and the ensemble's; a router whose predictions are
     another's on this table (models.registry.same_predictions) reuses them. Routers named in
     `parallel` (the registry's learned routers) are shared and fitted in worker processes; custom
-    factories and the routers with nothing to fit run in this process as given."""
+    factories and the routers with nothing to fit run in this process as given.
+
+    `prefetch(names, seeds)` fits every shared router those names need in one pool of tasks,
+    dearest first (held_out_qualities_of, costs from models.registry.FIT_COST); `take_seconds(name)`
+    then gives the pool time charged to `name`: the task seconds of the fits first read for it,
+    divided by the workers that ran them (its share of the pool's wall time)."""
 
     def __init__(self, data: RoutingData, k: int, train: RoutingData | None, factories: dict[str, RouterFactory],
                  ensembles: dict[str, tuple[str, ...]], n_jobs: int = 1, parallel: set[str] = frozenset(),
-                 vectors_id: str | None = None):
+                 vectors_id: str | None = None, cost: dict[str, float] | None = None):
         self.data, self.k, self.train = data, k, train
         self.factories, self.ensembles = factories, ensembles
         self.n_jobs, self.parallel, self.vectors_id = n_jobs, parallel, vectors_id
+        self.cost = cost or {}
         self._responses_logged = data.responses is not None or (train is not None and train.responses is not None)
         self._done: dict[tuple[str, int], np.ndarray] = {}
+        self._pooled_seconds: dict[str, float] = {}  # fitted by prefetch, not yet charged to a router
+        self._charged = 0.0
+
+    def _factory(self, name: str):
+        return self.factories.get(name) or (lambda s, _n=name: make_router(_n, s))
+
+    def _fitted_for(self, name: str) -> list[str]:
+        """The shared routers whose own fits give `name`'s predictions (itself, its twin, its members)."""
+        twin = same_predictions(name, self._responses_logged) if name in self.parallel else None
+        if twin in self.parallel:
+            return self._fitted_for(twin)
+        if name in self.ensembles:
+            return [base for member in self.ensembles[name] for base in self._fitted_for(member)]
+        return [name] if name in self.parallel else []
+
+    def prefetch(self, names: Sequence[str], seeds: Sequence[int]) -> None:
+        todo = list(dict.fromkeys(base for name in names for base in self._fitted_for(name)
+                                  if any((base, seed) not in self._done for seed in seeds)))
+        if not todo:
+            return
+        fitted, seconds = held_out_qualities_of({name: self._factory(name) for name in todo}, self.data, self.k,
+                                                seeds, self.train, self.n_jobs, self.vectors_id, self.cost)
+        workers = max(1, min(self.n_jobs, len(todo) * len(seeds) * (1 if self.train is not None else self.k)))
+        for name in todo:
+            self._done.update({(name, seed): q for seed, q in fitted[name].items()})
+            self._pooled_seconds[name] = seconds[name] / workers
+
+    def take_seconds(self) -> float:
+        """Pool seconds charged to the routers read since the last call (see the class docstring)."""
+        taken, self._charged = self._charged, 0.0
+        return taken
 
     def __call__(self, name: str, seeds: Sequence[int]) -> dict[int, np.ndarray]:
+        self._charged += self._pooled_seconds.pop(name, 0.0)
         todo = [seed for seed in seeds if (name, seed) not in self._done]
         twin = same_predictions(name, self._responses_logged) if name in self.parallel else None
-        if todo and twin in self.parallel:
-            self._done.update({(name, seed): q for seed, q in self(twin, todo).items()})
-        elif todo and name in self.ensembles:
-            members = [self(member, todo) for member in self.ensembles[name]]
+        if twin in self.parallel:
+            if todo:
+                self._done.update({(name, seed): q for seed, q in self(twin, todo).items()})
+            else:
+                self._charged += self._pooled_seconds.pop(twin, 0.0)
+        elif name in self.ensembles:
+            members = [self(member, seeds) for member in self.ensembles[name]]
             self._done.update({(name, seed): np.mean([m[seed] for m in members], axis=0) for seed in todo})
         elif todo:
-            factory = self.factories.get(name) or (lambda s, _n=name: make_router(_n, s))
             n_jobs = self.n_jobs if name in self.parallel else 1
-            fitted = held_out_qualities(factory, self.data, self.k, todo, self.train, n_jobs, self.vectors_id)
+            fitted = held_out_qualities(self._factory(name), self.data, self.k, todo, self.train, n_jobs,
+                                        self.vectors_id)
             self._done.update({(name, seed): q for seed, q in fitted.items()})
         return {seed: self._done[(name, seed)] for seed in seeds}
 
@@ -511,8 +578,13 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
     shared = SharedPredictions(data, k, train_data, factories,
                                {name: members for name, members in ENSEMBLES.items() if name not in custom},
                                n_jobs=n_jobs, parallel=set(ROUTER_FACTORIES) - set(custom) - set(NOTHING_TO_FIT),
-                               vectors_id=(encoder or default_encoder()).cache_id if embedded_here else None)
+                               vectors_id=(encoder or default_encoder()).cache_id if embedded_here else None,
+                               cost=FIT_COST)
     names = ([f"single:{w}" for w in data.workers] if include_singles else []) + list(routers)
+    start = time.perf_counter()  # every learned router's fits in one pool, dearest first
+    shared.prefetch([name for name in routers if name not in single_seed], seeds)
+    shared.prefetch([name for name in routers if name in single_seed], seeds[:1])
+    timings["pooled_fits_s"] = time.perf_counter() - start
     rows, curves = [], []
     for name in tqdm(names, desc="routers", disable=not progress):
         factory = factories.get(name) or (lambda seed, _n=name: make_router(_n, seed))
@@ -523,6 +595,7 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
         row, curve = evaluate_router(name, factory, data, k=k, seeds=seeds if stochastic else seeds[:1],
                                      n_boot=0 if single else n_boot, train=train_data,
                                      timings=timings["routers"][name], predict=functools.partial(shared, name))
+        timings["routers"][name]["fit_score_s"] += shared.take_seconds()
         rows.append({**row, "protocol": protocol})
         curves.append(curve)
         log.info("%s: %s", name, ", ".join(f"{key} {value:.1f}" for key, value in timings["routers"][name].items()))
@@ -534,7 +607,9 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
     board.attrs["k"], board.attrs["seeds"] = k, list(seeds)
     board.attrs["protocol"] = protocol
     board.attrs["n_train_queries"] = None if train_data is None else len(train_data)
-    board.attrs["timings"] = timings  # seconds: embedding the table, then per router (evaluate_router)
+    # seconds: embedding the table, the pooled fits (wall), then per router (evaluate_router; a pooled
+    # router's fit_score_s is its share of the pool: its task seconds / workers)
+    board.attrs["timings"] = timings
     return board
 
 

@@ -78,6 +78,13 @@ ROUTER_FACTORIES: dict[str, RouterFactory] = {
 }
 
 
+# Relative seconds per cross-fitted fit (1: a logistic fit), measured on the 14,000-query replay table
+# (benchmarks/replay_scale.py, one thread): the replay hands the dearest routers' folds to its
+# workers first (evaluation.replay.held_out_qualities_of). An order, not a promise; unknown names: 1.
+FIT_COST: dict[str, float] = {"mtrouter": 35.0, "logistic_tfidf": 11.0, "mlp": 5.0, "mf": 3.0, "knn": 1.0,
+                              "logistic": 1.0, "cascade": 1.0}
+
+
 def make_router(name: str, seed: int = 0) -> Router:
     if name.startswith("single:"):
         return SingleWorker(name.split(":", 1)[1])

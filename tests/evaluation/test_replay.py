@@ -330,3 +330,44 @@ def test_a_cascade_without_logged_responses_predicts_what_logistic_predicts(pair
     logistic = cross_fit(pair, lambda seed: make_router("logistic", seed), k=3, seed=2)
     assert pair.responses is None
     np.testing.assert_array_equal(cascade, logistic)
+
+
+def test_pooled_fits_equal_each_router_fitted_alone_and_charge_their_seconds_once(pair):
+    """run_replay_benchmark fits every learned router's folds in one pool (prefetch): the predictions
+    must be those of each router cross-fitted alone, a twin (cascade → logistic) or an ensemble must
+    not fit again, and each fit's seconds are charged to the first router that reads it."""
+    from evaluation.replay import SharedPredictions, held_out_qualities
+    from models.registry import ENSEMBLES, ROUTER_FACTORIES
+
+    parallel = {"cascade", "knn", "logistic", "mf"}
+    shared = SharedPredictions(pair, 3, None, ROUTER_FACTORIES, ENSEMBLES, n_jobs=2, parallel=parallel,
+                               cost={"mf": 5.0})
+    shared.prefetch(["cascade", "knn", "mf", "logistic"], [0, 1])
+    assert set(shared._done) == {(name, seed) for name in ("logistic", "knn", "mf") for seed in (0, 1)}
+    for name in ("logistic", "knn", "mf"):
+        alone = held_out_qualities(lambda seed, _n=name: make_router(_n, seed), pair, 3, [0, 1])
+        for seed in (0, 1):
+            np.testing.assert_allclose(shared._done[(name, seed)], alone[seed], rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(shared("cascade", [0, 1])[1], shared._done[("logistic", 1)])
+    assert shared.take_seconds() > 0  # logistic's fits, read first for the cascade
+    shared("logistic", [0, 1])
+    assert shared.take_seconds() == 0.0
+    shared("knn", [0, 1])
+    assert shared.take_seconds() > 0
+
+
+def test_pooled_tasks_go_dearest_first(pair):
+    from evaluation.replay import held_out_qualities_of
+
+    order = []
+
+    def recording(name):
+        def factory(seed):
+            order.append(name)
+            return make_router(name, seed)
+        return factory
+
+    quality, seconds = held_out_qualities_of({"knn": recording("knn"), "logistic": recording("logistic")}, pair, 3,
+                                             [0], cost={"logistic": 4.0})
+    assert order == ["logistic"] * 3 + ["knn"] * 3
+    assert set(quality) == set(seconds) == {"knn", "logistic"} and all(s > 0 for s in seconds.values())
