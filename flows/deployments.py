@@ -31,7 +31,7 @@ from prefect.flows import Flow
 from prefect.workers.process import ProcessWorker
 
 from routerops.config import OpsConfig
-from services.prefect_server import published_event_name
+from routerops.publishing import published_event_name
 
 GPU_JOB_ENV = {
     "CUDA_VISIBLE_DEVICES": "0",

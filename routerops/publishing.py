@@ -29,6 +29,7 @@ from routerops.pricing import Pool, check_pool_priced, load_pool, load_price_boo
 
 PRICES, POOL = "prices", "pool"
 KINDS = (PRICES, POOL)
+EVENT_PREFIX = "routerops"  # the Prefect events a publish emits (services/prefect_server.py)
 CURRENT = "current.json"
 HISTORY = "history.jsonl"
 
@@ -163,3 +164,8 @@ def pool_changes(old: Pool | None, new: Pool) -> dict[str, list[str]]:
     return {"added": [n for n in new.names if n not in old.names],
             "removed": [n for n in old.names if n not in new.names],
             "changed": [n for n in common if worker_signature(old, n) != worker_signature(new, n)]}
+
+
+def published_event_name(kind: str) -> str:
+    """`routerops.prices.published` / `routerops.pool.published`: what the retrain triggers expect."""
+    return f"{EVENT_PREFIX}.{kind}.published"

@@ -28,7 +28,7 @@ from prefect.events.clients import PrefectEventsClient
 from prefect.settings import PREFECT_API_URL
 
 from routerops.errors import RouteropsError
-from routerops.publishing import Published
+from routerops.publishing import EVENT_PREFIX, Published, published_event_name
 from routerops.workers.server import free_port, log_tail, stop_process_group
 
 # Both off in every process we start: no phone-home.
@@ -104,12 +104,6 @@ def prefect_worker(pool: str, api_url: str, *, name: str | None = None, cwd: str
 
 
 # ---------------------------------------------------------------- events
-
-EVENT_PREFIX = "routerops"
-
-
-def published_event_name(kind: str) -> str:
-    return f"{EVENT_PREFIX}.{kind}.published"
 
 
 def published_event(published: Published, changes: dict[str, list[str]] | None = None) -> Event:

@@ -13,7 +13,8 @@ from typing import Any
 from routerops.layout import Layout
 
 
-def _attribute(reference: str) -> Any:
+def resolve(reference: str) -> Any:
+    """A "module:function" reference → the function, importing its module."""
     module, _, name = reference.partition(":")
     return getattr(importlib.import_module(module), name)
 
@@ -75,5 +76,5 @@ def run_stage(name: str, params_file: str | Path = "params.yaml", root: str | Pa
     if name not in STAGES:
         raise KeyError(f"unknown stage {name!r}; known: {sorted(STAGES)}")
     stage, layout = STAGES[name], Layout(Path(root))
-    run, config = _attribute(stage.run), _attribute(stage.config)
+    run, config = resolve(stage.run), resolve(stage.config)
     return run(config(layout.resolve(params_file)), layout, *stage.inputs(layout))

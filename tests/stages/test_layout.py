@@ -41,3 +41,25 @@ def test_dvc_outputs_are_layout_paths():
         for stage in yaml.safe_load(path.read_text())["stages"].values():
             for out in declared(stage.get("outs")) | declared(stage.get("metrics")):
                 assert out in known or any(out.startswith(d + "/") for d in dirs), out
+
+
+def test_every_stage_reference_resolves_to_a_function():
+    """Stages are named "module:function" and imported when they run: a typo would only show when
+    that stage runs, so resolve them all here."""
+    from stages import resolve
+
+    for name, stage in STAGES.items():
+        assert callable(resolve(stage.run)) and callable(resolve(stage.config)), name
+
+
+def test_the_command_line_imports_no_stack_it_does_not_run():
+    """`routerops stage NAME` (every dvc.yaml command) and `routerops reprice` start without torch,
+    transformers, MLflow or Prefect when they do not need them."""
+    import subprocess
+    import sys
+
+    heavy = ["torch", "transformers", "mlflow", "prefect", "peft", "sklearn"]
+    code = ("import sys; import stages.cli; from stages import resolve; resolve('stages.data_commands:reprice_command'); "
+            "resolve('stages.pipeline:reprice'); print(sorted(m for m in %r if m in sys.modules))" % heavy)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

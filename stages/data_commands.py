@@ -1,0 +1,74 @@
+"""`routerops reprice`, `routerops validate`, `routerops import-qa`, `routerops import-routellm`:
+the commands that move and check data (stages/cli.py parses their arguments)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from routerops import schema
+from routerops.envs.jsonl_qa import import_jsonl_qa
+from routerops.envs.replay import import_routellm_gsm8k, write_logged_outcomes
+from routerops.envs.suites import write_tasks
+from routerops.errors import InputError
+from routerops.pricing import load_pool, load_price_book
+from routerops.validation import check_column_types, check_trajectory_rows
+from stages.pipeline import reprice_tables
+
+
+def reprice_command(args: argparse.Namespace) -> None:
+    """Re-price a trajectory set under another price book, without any call."""
+    src, dst = Path(args.src), Path(args.out)
+    check_reprice_output(src, dst)  # before any work: a bad --out must not cost a run
+    book = load_price_book(args.price_book)
+    episodes, turns = read_trajectories(src)
+    unpriced = sorted(set(turns.worker) - set(book.prices))
+    if unpriced:
+        raise InputError(args.price_book, f"prices.{unpriced[0]}", f"no price for worker {unpriced[0]!r} "
+                         f"used in {src / 'turns.parquet'}")
+    episodes, turns = reprice_tables(episodes, turns, book)
+    schema.write_table(episodes, dst / "episodes.parquet", "episodes")
+    schema.write_table(turns, dst / "turns.parquet", "turns")
+    print(f"re-priced {len(episodes)} episodes / {len(turns)} turns under price book {book.version}: "
+          f"total ${episodes.cost_usd.sum():.6f} -> {dst}")
+
+
+def check_reprice_output(src: Path, dst: Path) -> None:
+    """--out must be a folder (or not exist yet) other than --src: writing into --src would replace
+    the logged costs with the re-priced ones, and the old ones could not be recovered."""
+    if dst.exists() and not dst.is_dir():
+        raise InputError(dst, "--out", "exists and is not a folder")
+    if dst.resolve() == src.resolve():
+        raise InputError(dst, "--out", "is the --src folder; re-pricing would overwrite its tables")
+
+
+def read_trajectories(src: Path):
+    """Both tables, with every row's types and token counts checked before anything is computed
+    (schema.read_table checks the token counts, naming the file, the row and the episode)."""
+    paths = {kind: src / f"{kind}.parquet" for kind in ("episodes", "turns")}
+    tables = {kind: schema.read_table(path, kind) for kind, path in paths.items()}
+    for kind, table in tables.items():
+        check_column_types(table, kind, paths[kind])
+    return tables["episodes"], tables["turns"]
+
+
+def validate_command(args: argparse.Namespace) -> None:
+    src = Path(args.src)
+    episodes, turns = read_trajectories(src)
+    report = check_trajectory_rows(episodes, turns, load_pool(args.pool), load_price_book(args.price_book),
+                                   src / "episodes.parquet", src / "turns.parquet")
+    print(f"{src}: {len(report.results)} checks passed on {report.n_episodes} episodes / {report.n_turns} turns")
+
+
+def import_qa_command(args: argparse.Namespace) -> None:
+    """GSM8K- or MATH-format JSONL → a tasks file the collect stage can run."""
+    tasks = import_jsonl_qa(args.path, fmt=args.format, suite=args.suite, split=args.split, limit=args.limit)
+    write_tasks(tasks, Path(args.out))
+    print(f"imported {len(tasks)} tasks from {args.path} -> {args.out}")
+
+
+def import_routellm_command(args: argparse.Namespace) -> None:
+    """RouteLLM's gsm8k_responses.csv → a logged-outcomes table (docs/replay_format.md)."""
+    table = import_routellm_gsm8k(args.csv, contaminated_path=args.contaminated, train_path=args.train)
+    write_logged_outcomes(table, Path(args.out))
+    print(f"{table.query_id.nunique()} queries x {table.worker.nunique()} workers -> {args.out}")

@@ -1,0 +1,100 @@
+"""`routerops replay`: a router leaderboard on a logged-outcomes table, no live call
+(stages/cli.py parses its arguments)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from evaluation.replay import run_replay_benchmark, split_table
+from models.baselines import PromptedLLMRouter
+from models.registry import ROUTER_FACTORIES
+from routerops import schema
+from routerops.envs.replay import load_logged_outcomes
+from routerops.errors import InputError
+from routerops.workers.server import local_llm_server
+
+
+def replay_tables(args: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame | None, str]:
+    """(scored table, training table or None, protocol) from --table, --train-table, --split-column."""
+    scored = load_logged_outcomes(args.table)
+    train = None if args.train_table is None else load_logged_outcomes(args.train_table)
+    if args.split_column:
+        source = args.train_table or args.table
+        train = split_table(scored if train is None else train, args.split_column, [args.train_split], str(source))
+        scored = split_table(scored, args.split_column, args.score_splits, str(args.table))
+        return train, scored, (f"fixed split: fit on {args.split_column}={args.train_split}"
+                               f"{f' of {args.train_table}' if args.train_table else ''}, "
+                               f"scored on {args.split_column} in {args.score_splits}")
+    if train is not None:
+        return train, scored, f"fit on {args.train_table}, scored on {args.table}"
+    return None, scored, f"cross-fit k={args.k}"
+
+
+def replay_outputs(out: str) -> list[Path]:
+    """The three files `routerops replay` writes: the leaderboard, its curves and its metadata."""
+    board = Path(out)
+    return [board, board.with_suffix(".curves.csv"), board.with_suffix(".meta.json")]
+
+
+def check_replay_args(args: argparse.Namespace) -> None:
+    """Refuse, before any work, what would crash later or clobber an input: every check names its flag."""
+    if args.bootstrap < 0:
+        raise InputError("command line", "--bootstrap", f"resamples must be ≥ 0 (0 = no intervals), got {args.bootstrap}")
+    if args.k < 2:
+        raise InputError("command line", "--k", f"cross-fitting needs ≥ 2 folds, got {args.k}")
+    if not args.seeds:
+        raise InputError("command line", "--seeds", "give at least one seed")
+    known = set(ROUTER_FACTORIES) | {"prompted_llm"}
+    unknown = [r for r in args.routers if r not in known and not r.startswith("single:")]
+    if unknown:
+        raise InputError("command line", "--routers", f"unknown router {unknown[0]!r}; known: {sorted(known)} "
+                         "or single:<worker>")
+    inputs = {Path(p).resolve() for p in (args.table, args.train_table, args.prices) if p}
+    for path in replay_outputs(args.out):
+        if path.is_dir():
+            raise InputError("command line", "--out", f"{path} is a directory; give a file name such as "
+                             f"{path / 'leaderboard.csv'}")
+        if path.resolve() in inputs:
+            raise InputError("command line", "--out", f"{path} is an input of this run; writing it would "
+                             "overwrite the input")
+
+
+def check_folds_fit(args: argparse.Namespace, scored: pd.DataFrame, train: pd.DataFrame | None) -> None:
+    if train is None and args.k > scored["query_id"].nunique():
+        raise InputError(args.table, "--k", f"{args.k} folds need at least {args.k} queries; the table has "
+                         f"{scored['query_id'].nunique()}")
+
+
+def replay_command(args: argparse.Namespace) -> None:
+    """Leaderboard of every router on a logged-outcomes table (no live call). Arguments and tables are
+    checked before any router runs; the outputs are written atomically at the end."""
+    check_replay_args(args)
+    train, scored, protocol = replay_tables(args)
+    check_folds_fit(args, scored, train)
+    # SIGTERM (a scheduler stopping us) must unwind the `with` below so the local LLM server stops too.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        with contextlib.ExitStack() as stack:
+            factories = {}
+            if "prompted_llm" in args.routers:
+                url = args.llm_base_url or stack.enter_context(local_llm_server())
+                factories["prompted_llm"] = lambda seed: PromptedLLMRouter(base_url=url)
+            board = run_replay_benchmark(scored, args.prices, args.routers, k=args.k, seeds=args.seeds,
+                                         factories=factories, n_boot=args.bootstrap, train=train, protocol=protocol)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(board.drop(columns=["protocol"]).round(4).to_string(index=False))
+    print(f"protocol: {protocol}")
+    board_path, curves_path, meta_path = replay_outputs(args.out)
+    board_path.parent.mkdir(parents=True, exist_ok=True)
+    schema.write_csv_atomic(board, board_path)
+    schema.write_csv_atomic(board.attrs["curves"], curves_path)
+    meta = {k: v for k, v in board.attrs.items() if k != "curves"}
+    schema.write_json_atomic({**meta, "argv": sys.argv[1:]}, meta_path)
