@@ -7,7 +7,10 @@ MiniLM embeddings is fitted, registered in a temporary MLflow store and promoted
 gateway runs as its own process (`python -m stages.cli gateway serve`) in front of the endpoint.
 Both arms send the same open-loop schedule (one request every 1/rate s, each timed from its own send
 time) of queries drawn from a fixed set whose embeddings the gateway has already cached (one warm-up
-pass): the cached-embedding router of the target. The arms run one after the other.
+pass): the cached-embedding router of the target. The arms run one after the other. This process
+loads MiniLM and MLflow to fit and register the router (~10^6 objects); they are frozen out of the
+garbage collector before the arms, whose client and endpoint run here, so that a full collection of
+this process (0.2-0.8 s on a 2-core machine) is not timed into either arm.
 
     python benchmarks/gateway_overhead.py [--rate 50] [--requests 1000] [--out benchmarks/results/gateway_overhead.json]
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import platform
@@ -142,6 +146,8 @@ def main() -> None:
         key, _ = Store(db_url).create_key(1e6, "day")
         proc, gateway_url = start_gateway(tmp, uri, name, pool_file(tmp, endpoint), db_url)
         headers = {"Authorization": f"Bearer {key}"}
+        gc.collect()
+        gc.freeze()
         try:
             asyncio.run(run_arm(gateway_url, headers, "auto", texts, 10, len(texts)))  # warm-up: embeddings cached
             direct = asyncio.run(run_arm(endpoint, {}, "smollm2-135m-instruct", texts, args.rate, args.requests))

@@ -18,6 +18,7 @@ error, 429 or 5xx → settle the real cost → log the decision.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -27,6 +28,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import openai
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -44,6 +46,8 @@ ROUTER_PREFIX = "router:"
 # Client sampling settings passed on to the worker (they override the worker's own generation settings).
 PASSED_PARAMS = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "response_format")
 FALLBACK_STATUS = frozenset({408, 409, 425, 429}) | frozenset(range(500, 600))
+# The plain (not streamed) calls' HTTP client: one per gateway, its connections kept open between requests.
+HTTP_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=60)
 
 
 @dataclass(frozen=True)
@@ -101,8 +105,23 @@ class Call:
     started: float = field(default_factory=time.monotonic)
 
 
+class WorkerStatusError(Exception):
+    """A worker answered a plain call with an HTTP error status."""
+
+    def __init__(self, worker: str, status: int, body: str):
+        super().__init__(f"worker {worker!r} answered HTTP {status}: {body[:300]}")
+        self.status_code = status
+
+
+class WorkerAnswerError(Exception):
+    """A worker's plain answer is not a JSON object (truncated, garbled)."""
+
+
 class Gateway:
-    """Pool, prices, champions, the store and one OpenAI client per worker."""
+    """Pool, prices, champions, the store, one HTTP client for plain calls (all workers) and one
+    OpenAI client per worker for streams. Plain calls skip the OpenAI SDK: it builds and validates
+    a typed object model per call, which cost the event loop more than the HTTP exchange itself
+    (benchmarks/gateway_overhead.py's profile); the gateway passes the worker's JSON on as it is."""
 
     def __init__(self, cfg: GatewayConfig, pool: Pool | None = None, book: PriceBook | None = None,
                  store: Store | None = None, champions: Champions | None = None):
@@ -114,14 +133,15 @@ class Gateway:
         self.champions = champions or Champions(list(cfg.routers), self.pool, self.book)
         self.systems = {w.name: str(w.generation.get("system", "")) for w in self.pool.workers}
         self._clients: dict[str, openai.AsyncOpenAI] = {}
+        self._http: httpx.AsyncClient | None = None
         self._rng = random.Random()
 
     # ---------------------------------------------------------------- checking a request
 
-    def authenticate(self, request: Request) -> KeyInfo:
+    async def authenticate(self, request: Request) -> KeyInfo:
         header = request.headers.get("authorization", "")
         token = header[7:].strip() if header.lower().startswith("bearer ") else ""
-        key = self.store.lookup(token) if token else None
+        key = await self.store.alookup(token) if token else None
         if key is None:
             raise RequestError(401, "missing or invalid API key: send `Authorization: Bearer rk-...` with a key from "
                                     "`routerops gateway keys create`", "authentication_error", "invalid_api_key")
@@ -159,44 +179,75 @@ class Gateway:
         max_tokens = self.max_tokens(body, champion)
         request_budget = optional_number(body, "budget_usd", math.inf)
         cost_weight = optional_number(body, "cost_weight", self.cfg.cost_weight)
-        remaining = self.store.remaining_usd(key)
+        remaining = await self.store.aremaining_usd(key)
         budget = min(remaining, request_budget)
-        decision = await asyncio.to_thread(
-            decide, champion.router, champion.name, champion.version, self.book, messages, self.systems, max_tokens,
-            budget, remaining, cost_weight, self.cfg.epsilon, self._rng, uuid.uuid4().hex, champion.embed)
+        args = (champion.router, champion.name, champion.version, self.book, messages, self.systems, max_tokens,
+                budget, remaining, cost_weight, self.cfg.epsilon, self._rng, uuid.uuid4().hex, champion.embed)
+        if champion.embed is not None and champion.embed.has(flatten_messages(messages)):
+            decision = decide(*args)  # embedding cached: ~0.3 ms of numpy, less than a hop to a thread and back
+        else:  # the encoder (torch) or a router of unknown cost: off the event loop
+            decision = await asyncio.to_thread(decide, *args)
         if decision is None:
             raise RequestError(429, over_budget_message(key, remaining, request_budget, self, champion, messages,
                                                         max_tokens), "insufficient_quota", "budget_exceeded")
         try:
-            held = self.store.reserve(key, decision.candidate(decision.chosen).worst_cost_usd)
+            held = await self.store.areserve(key, decision.candidate(decision.chosen).worst_cost_usd)
         except BudgetRefused:
             raise RequestError(429, f"key {key.key_id}: concurrent requests used the remaining budget "
-                                    f"(${self.store.remaining_usd(key):.6g} left of ${key.budget_usd:.6g} per "
+                                    f"(${await self.store.aremaining_usd(key):.6g} left of ${key.budget_usd:.6g} per "
                                     f"{key.period})", "insufficient_quota", "budget_exceeded") from None
         return Call(key, champion, decision, held, body)
 
+    def base_url(self, worker: str) -> str:
+        spec = self.pool.worker(worker)
+        base_url = self.cfg.local_base_url if spec.endpoint == "local" else spec.endpoint
+        if not base_url:
+            raise RequestError(503, f"worker {worker!r} is served locally but the gateway has no --local-base-url",
+                               "server_error")
+        return base_url.rstrip("/")
+
     def client(self, worker: str) -> openai.AsyncOpenAI:
+        """The worker's OpenAI client (streams), made once."""
         if worker not in self._clients:
             spec = self.pool.worker(worker)
-            base_url = self.cfg.local_base_url if spec.endpoint == "local" else spec.endpoint
-            if not base_url:
-                raise RequestError(503, f"worker {worker!r} is served locally but the gateway has no --local-base-url",
-                                   "server_error")
-            self._clients[worker] = openai.AsyncOpenAI(base_url=base_url, api_key=api_key_for(spec),
+            self._clients[worker] = openai.AsyncOpenAI(base_url=self.base_url(worker), api_key=api_key_for(spec),
                                                        timeout=spec.timeout_s, max_retries=0)
         return self._clients[worker]
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The plain calls' HTTP client, made once (its pool keeps connections to the workers open)."""
+        if self._http is None:
+            self._http = httpx.AsyncClient(limits=HTTP_LIMITS)
+        return self._http
+
+    async def post_chat(self, worker: str, request: dict[str, Any]) -> dict[str, Any]:
+        """A plain chat completion from `worker`: its JSON answer, or WorkerStatusError / httpx errors."""
+        spec = self.pool.worker(worker)
+        response = await self.http.post(f"{self.base_url(worker)}/chat/completions", json=request,
+                                        headers={"Authorization": f"Bearer {api_key_for(spec)}"},
+                                        timeout=spec.timeout_s)
+        if response.status_code >= 400:
+            raise WorkerStatusError(worker, response.status_code, response.text)
+        try:
+            answer = response.json()
+        except ValueError as exc:
+            raise WorkerAnswerError(f"worker {worker!r} answered no JSON: {exc}") from exc
+        if not isinstance(answer, dict):
+            raise WorkerAnswerError(f"worker {worker!r} answered {type(answer).__name__}, not a JSON object")
+        return answer
 
     def worker_request(self, call: Call, worker: str) -> dict[str, Any]:
         request = chat_request(self.pool.worker(worker), call.body["messages"], call.decision.max_tokens)
         request.update({k: call.body[k] for k in PASSED_PARAMS if k in call.body})
         return request
 
-    def switch_to(self, call: Call, worker: str) -> bool:
+    async def switch_to(self, call: Call, worker: str) -> bool:
         """Move the reservation to a fallback worker's worst case; False if the budget cannot cover it."""
         if worker == call.decision.chosen:
             return True
         try:
-            call.held = self.store.resize(call.held, call.decision.candidate(worker).worst_cost_usd,
+            call.held = await self.store.aresize(call.held, call.decision.candidate(worker).worst_cost_usd,
                                           call.key.budget_usd)
         except BudgetRefused:
             call.decision.attempts.append({"worker": worker, "error": "skipped: its worst case is over the budget"})
@@ -205,13 +256,15 @@ class Gateway:
 
     def close_call(self, call: Call, worker: str, status: str, usage: dict[str, int], response: str,
                    usage_source: str = "worker") -> float:
-        """Settle the reservation with the real cost and log the decision; returns the cost charged."""
+        """Settle the reservation with the real cost and log the decision; returns the cost charged.
+        The settlement is queued, not awaited (gateway/store.py: the store's thread writes it in order,
+        and the app's shutdown waits for it)."""
         cost = (self.book.cost(worker, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
                                usage.get("cached_tokens", 0)) if worker else 0.0)
         cost = min(cost, call.held.nusd / 1e9)  # never above what was reserved (store.settle caps it too)
         d = call.decision
         query = flatten_messages(call.body["messages"]) if self.cfg.log_texts else ""
-        self.store.settle(call.held, cost, {
+        self.store.settle_later(call.held, cost, {
             "decision_id": d.decision_id, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "key_id": call.key.key_id, "router": d.router, "router_version": d.router_version,
             "price_book_version": self.book.version, "query_id": d.query_id, "query": query, "chosen": d.chosen,
@@ -222,9 +275,14 @@ class Gateway:
         return cost
 
     async def aclose(self) -> None:
+        """Close the worker clients and write every queued settlement and decision."""
         for client in self._clients.values():
             await client.close()
         self._clients.clear()
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+        await asyncio.to_thread(self.store.close)
 
 
 # ---------------------------------------------------------------- request checks
@@ -291,6 +349,16 @@ def headers_for(call: Call, worker: str, cost: float | None) -> dict[str, str]:
     return headers
 
 
+def usage_in(answer: dict[str, Any]) -> dict[str, int] | None:
+    """usage_of() for a worker's JSON answer."""
+    usage = answer.get("usage")
+    if not isinstance(usage, dict) or usage.get("prompt_tokens") is None:
+        return None
+    details = usage.get("prompt_tokens_details")
+    return {"prompt_tokens": int(usage["prompt_tokens"]), "completion_tokens": int(usage.get("completion_tokens") or 0),
+            "cached_tokens": int((details or {}).get("cached_tokens") or 0) if isinstance(details, dict) else 0}
+
+
 def usage_of(obj: Any) -> dict[str, int] | None:
     usage = getattr(obj, "usage", None)
     if usage is None or getattr(usage, "prompt_tokens", None) is None:
@@ -301,13 +369,16 @@ def usage_of(obj: Any) -> dict[str, int] | None:
 
 
 def worker_failure(exc: BaseException) -> str | None:
-    """Why a worker call failed in a way the next worker may cure (timeout, connection, 429, 5xx), or None."""
-    if isinstance(exc, openai.APITimeoutError):
+    """Why a worker call failed in a way the next worker may cure (timeout, connection, 429, 5xx, an
+    answer that is not JSON), or None (the request itself is wrong)."""
+    if isinstance(exc, (openai.APITimeoutError, httpx.TimeoutException)):
         return "timeout"
-    if isinstance(exc, openai.APIConnectionError):
+    if isinstance(exc, (openai.APIConnectionError, httpx.TransportError)):
         return "connection"
-    if isinstance(exc, openai.APIStatusError) and exc.status_code in FALLBACK_STATUS:
+    if isinstance(exc, (openai.APIStatusError, WorkerStatusError)) and exc.status_code in FALLBACK_STATUS:
         return f"status {exc.status_code}"
+    if isinstance(exc, WorkerAnswerError):
+        return "bad answer"
     return None
 
 
@@ -317,14 +388,15 @@ def worker_failure(exc: BaseException) -> str | None:
 async def first_answer(gw: Gateway, call: Call, stream: bool) -> tuple[str, Any]:
     """(worker, completion or stream) from the first worker in the decision's order that answers."""
     for worker in call.decision.order:
-        if not gw.switch_to(call, worker):
+        if not await gw.switch_to(call, worker):
             continue
         request = gw.worker_request(call, worker)
-        if stream:
-            request.update(stream=True, stream_options={"include_usage": True})
         try:
-            return worker, await gw.client(worker).chat.completions.create(**request)
-        except openai.APIError as exc:
+            if stream:
+                request.update(stream=True, stream_options={"include_usage": True})
+                return worker, await gw.client(worker).chat.completions.create(**request)
+            return worker, await gw.post_chat(worker, request)
+        except (openai.APIError, httpx.HTTPError, WorkerStatusError, WorkerAnswerError) as exc:
             reason = worker_failure(exc)
             if reason is None:  # the request itself is wrong: the next worker would refuse it too
                 gw.close_call(call, "", "bad_request", {}, "")
@@ -338,18 +410,22 @@ async def first_answer(gw: Gateway, call: Call, stream: bool) -> tuple[str, Any]
 
 
 async def complete(gw: Gateway, call: Call) -> JSONResponse:
-    worker, completion = await first_answer(gw, call, stream=False)
-    usage = usage_of(completion)
+    worker, body = await first_answer(gw, call, stream=False)
+    usage = usage_in(body)
     source = "worker"
     if usage is None:  # no token counts: charge the worst case rather than nothing
         usage, source = bounded_usage(gw, call, worker, call.decision.max_tokens), "estimated"
-    text = completion.choices[0].message.content or "" if completion.choices else ""
-    cost = gw.close_call(call, worker, "ok", usage, text, source)
-    body = completion.model_dump(exclude_unset=True)
+    cost = gw.close_call(call, worker, "ok", usage, answer_text(body), source)
     body["model"] = call.body["model"]
     body["routerops"] = routerops_field(call, worker, cost, bool(call.body.get("explain")))
     body["routerops"]["price_book_version"] = gw.book.version
     return JSONResponse(body, headers=headers_for(call, worker, cost))
+
+
+def answer_text(answer: dict[str, Any]) -> str:
+    choices = answer.get("choices")
+    message = choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+    return str(message.get("content") or "") if isinstance(message, dict) else ""
 
 
 def bounded_usage(gw: Gateway, call: Call, worker: str, completion_tokens: int) -> dict[str, int]:
@@ -404,7 +480,12 @@ async def sse(gw: Gateway, call: Call, worker: str, chunks: Any):
 
 
 def create_app(gw: Gateway) -> FastAPI:
-    app = FastAPI(title="routerops gateway", description="OpenAI-compatible routing gateway")
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        await gw.aclose()  # on shutdown: nothing queued for the database is lost
+
+    app = FastAPI(title="routerops gateway", description="OpenAI-compatible routing gateway", lifespan=lifespan)
     app.state.gateway = gw
 
     @app.exception_handler(RequestError)
@@ -413,7 +494,7 @@ def create_app(gw: Gateway) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        key = gw.authenticate(request)
+        key = await gw.authenticate(request)
         try:
             body = await request.json()
         except json.JSONDecodeError:
@@ -427,7 +508,7 @@ def create_app(gw: Gateway) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request):
-        gw.authenticate(request)
+        await gw.authenticate(request)
         data = []
         for model, name in [(AUTO, gw.cfg.routers[0])] + [(ROUTER_PREFIX + n, n) for n in gw.cfg.routers]:
             champion = gw.champions.current(name)
@@ -440,22 +521,22 @@ def create_app(gw: Gateway) -> FastAPI:
 
     @app.get("/v1/decisions/{decision_id}")
     async def get_decision(decision_id: str, request: Request):
-        return own_decision(gw, gw.authenticate(request), decision_id)
+        return await own_decision(gw, await gw.authenticate(request), decision_id)
 
     @app.post("/v1/decisions/{decision_id}/feedback")
     async def feedback(decision_id: str, request: Request):
-        own_decision(gw, gw.authenticate(request), decision_id)
+        await own_decision(gw, await gw.authenticate(request), decision_id)
         score = (await request.json()).get("score")
         if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score <= 1:
             raise RequestError(400, f"`score` must be a number in [0, 1], got {score!r}")
-        gw.store.record_score(decision_id, float(score))
+        await asyncio.to_thread(gw.store.record_score, decision_id, float(score))
         return {"decision_id": decision_id, "score": float(score)}
 
     return app
 
 
-def own_decision(gw: Gateway, key: KeyInfo, decision_id: str) -> dict[str, Any]:
-    record = gw.store.decision(decision_id)
+async def own_decision(gw: Gateway, key: KeyInfo, decision_id: str) -> dict[str, Any]:
+    record = await asyncio.to_thread(gw.store.decision, decision_id)
     if record is None or record["key_id"] != key.key_id:  # another key's decision is not even acknowledged
         raise RequestError(404, f"no decision {decision_id!r} for this key", code="decision_not_found")
     return record

@@ -67,6 +67,10 @@ class EmbeddingCache:
         self._lock = threading.Lock()  # decisions run in worker threads
         self.hits = self.misses = 0
 
+    def has(self, text: str) -> bool:
+        with self._lock:
+            return text in self._vectors
+
     def __call__(self, text: str) -> np.ndarray:
         with self._lock:
             vector = self._vectors.get(text)

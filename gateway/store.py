@@ -2,7 +2,10 @@
 
 An SQLite file by default; any SQLAlchemy URL (`postgresql+psycopg://...`) switches the backend.
 
-Keys are `rk-<key_id>-<secret>`; only sha256(key) is stored, so a stolen database gives no usable key.
+Keys are `rk-<key_id>-<secret>` with a 192-bit random secret; only sha256(key) is stored, so a stolen
+database gives no usable key (a fast hash is enough for a high-entropy key: there is no password to
+guess). A key verified against the database is remembered in memory, by its hash, for
+`key_cache_s` (5 s): revoking a key or changing its budget reaches a running gateway within that time.
 Money is kept as integer nano-USD (1e-9 USD): sums of many tiny per-token costs stay exact, and the
 budget comparison in the reservation is exact too.
 
@@ -16,6 +19,16 @@ which the database applies atomically, so concurrent requests cannot together pa
 After the call it *settles*: the reservation is released and the real cost (from the worker's token
 counts, never more than the worst case) is added to `spent`.
 
+One thread per Store runs every database operation, in the order they were asked for (FIFO): the
+gateway's event loop never waits on the database, SQLite sees one writer per process, and a read
+asked for after a write sees it. The gateway does not wait for a settlement (and its decision-log
+row): the answer goes out while the thread writes; until then the reservation still holds the worst
+case, so a late settlement only ever under-states what is left. `Store.close()` (the app's shutdown,
+and an exit hook) runs every queued write before it returns: nothing queued is lost on shutdown; a
+killed process (SIGKILL, power loss) loses the settlements still queued, whose reservations then stay
+held, never released as spent-free budget. The statements are built once (SQLAlchemy compiles them
+once and caches them), not per call.
+
 Decision log: one row per routed request (`gateway_decisions`, schema in DECISION_COLUMNS below and in
 the README), readable back as bandit feedback (`read_decisions`): the worker that was called, the
 propensity of that choice under the serving policy, its tokens and cost, and a score once graded.
@@ -23,13 +36,20 @@ propensity of that choice under the serving policy, its tokens and cost, and a s
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import datetime as dt
 import hashlib
 import json
+import logging
+import queue
 import secrets
 import threading
+import time
+import weakref
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 import sqlalchemy as sa
@@ -37,6 +57,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from routerops.errors import InputError
 
+log = logging.getLogger(__name__)
 NANO = 1_000_000_000  # nano-USD per USD
 PERIODS = ("hour", "day", "month", "total")
 KEY_PREFIX = "rk"
@@ -85,6 +106,29 @@ decisions_table = sa.Table(
 DECISION_COLUMNS = tuple(c.name for c in decisions_table.columns)
 # INSERT ... ON CONFLICT DO NOTHING, where the database has it (see Store._ensure_spend_row).
 INSERT_IF_ABSENT = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
+KEY_CACHE_S = 5.0
+
+
+def _statements() -> dict[str, Any]:
+    """The per-request statements, built once with bound parameters (b_*): building a statement is
+    most of SQLAlchemy's cost per call, and a prebuilt one hits its compiled cache."""
+    key, period = sa.bindparam("b_key"), sa.bindparam("b_period")
+    amount, budget = sa.bindparam("b_amount", type_=sa.BigInteger), sa.bindparam("b_budget", type_=sa.BigInteger)
+    charge = sa.bindparam("b_charge", type_=sa.BigInteger)
+    row = (spend_table.c.key_id == key) & (spend_table.c.period == period)
+    fits = spend_table.c.spent_nusd + spend_table.c.reserved_nusd + amount <= budget
+    return {
+        "lookup": sa.select(keys_table).where(keys_table.c.key_sha256 == sa.bindparam("b_hash")),
+        "spend": sa.select(spend_table.c.spent_nusd, spend_table.c.reserved_nusd).where(row),
+        # reserve and resize: one conditional UPDATE, atomic in the database (module docstring)
+        "hold": spend_table.update().where(row, fits).values(reserved_nusd=spend_table.c.reserved_nusd + amount),
+        "settle": spend_table.update().where(row).values(reserved_nusd=spend_table.c.reserved_nusd - amount,
+                                                         spent_nusd=spend_table.c.spent_nusd + charge),
+        "log": decisions_table.insert(),
+    }
+
+
+STATEMENTS = _statements()
 
 
 def to_nano(usd: float) -> int:
@@ -131,9 +175,10 @@ class BudgetRefused(Exception):
 
 
 class Store:
-    """Keys, budgets and decisions in one database (thread-safe: SQLAlchemy pools connections)."""
+    """Keys, budgets and decisions in one database; every operation runs on the store's own thread
+    (see the module docstring), so a Store is safe to share between threads and event loops."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, key_cache_s: float = KEY_CACHE_S):
         if not isinstance(url, str) or "://" not in url:
             raise InputError("gateway config", "db_url", f"expected an SQLAlchemy URL such as sqlite:///gateway.db, "
                                                           f"got {url!r}")
@@ -141,8 +186,43 @@ class Store:
         self.engine = sa.create_engine(url, **args)
         if url.startswith("sqlite"):
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
-        self._lock = threading.Lock()  # SQLite: one writer at a time in this process (no busy retries)
         metadata.create_all(self.engine)
+        self.key_cache_s = key_cache_s
+        self._keys: dict[str, tuple[KeyInfo, float]] = {}  # sha256 → (verified record, until when)
+        self._spend_rows: set[tuple[str, str]] = set()  # (key, period) rows known to exist
+        self._ops: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+        atexit.register(_close_store, weakref.ref(self))  # at exit: run what is queued
+        weakref.finalize(self, self._ops.put, None).atexit = False  # collected: let its thread end
+
+    # ---------------------------------------------------------------- the database thread
+
+    def submit(self, fn: Callable[[sa.Connection], Any]) -> Future:
+        """Run `fn(connection)` in one transaction on the store's thread, after every operation asked
+        for before it; the future holds its result."""
+        future: Future = Future()
+        with self._thread_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=_serve, args=(self.engine, self._ops),
+                                                name="gateway-store", daemon=True)
+                self._thread.start()
+            self._ops.put((fn, future))
+        return future
+
+    def run(self, fn: Callable[[sa.Connection], Any]) -> Any:
+        return self.submit(fn).result()
+
+    async def arun(self, fn: Callable[[sa.Connection], Any]) -> Any:
+        return await asyncio.wrap_future(self.submit(fn))
+
+    def close(self) -> None:
+        """Run every queued operation, then stop the thread (a later operation starts a new one)."""
+        with self._thread_lock:
+            thread, self._thread = self._thread, None
+            if thread is not None and thread.is_alive():
+                self._ops.put(None)
+                thread.join()
 
     # ---------------------------------------------------------------- keys
 
@@ -154,75 +234,122 @@ class Store:
             raise InputError("command line", "--budget-usd", f"expected a number ≥ 0, got {budget_usd!r}")
         key_id = secrets.token_hex(6)
         key = f"{KEY_PREFIX}-{key_id}-{secrets.token_urlsafe(24)}"
-        with self.engine.begin() as conn:
-            conn.execute(keys_table.insert().values(
-                key_id=key_id, key_sha256=hash_key(key), name=name, budget_nusd=to_nano(budget_usd), period=period,
-                created_at=dt.datetime.now(dt.timezone.utc).isoformat(), revoked=False))
+        self.run(lambda conn: conn.execute(keys_table.insert().values(
+            key_id=key_id, key_sha256=hash_key(key), name=name, budget_nusd=to_nano(budget_usd), period=period,
+            created_at=dt.datetime.now(dt.timezone.utc).isoformat(), revoked=False)))
         return key, KeyInfo(key_id, name, float(budget_usd), period)
 
     def lookup(self, key: str) -> KeyInfo | None:
         """The key's record, or None for an unknown or revoked key (compared by hash only)."""
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.select(keys_table).where(keys_table.c.key_sha256 == hash_key(key))).first()
-        if row is None or row.revoked:
-            return None
-        return KeyInfo(row.key_id, row.name, to_usd(row.budget_nusd), row.period)
+        digest = hash_key(key)
+        return self._cached_key(digest) or self._remember(digest, self.run(lambda conn: _lookup(conn, digest)))
+
+    async def alookup(self, key: str) -> KeyInfo | None:
+        """lookup() for the event loop: a key verified in the last key_cache_s costs one sha256."""
+        digest = hash_key(key)
+        return self._cached_key(digest) or self._remember(digest, await self.arun(lambda conn: _lookup(conn, digest)))
+
+    def _cached_key(self, digest: str) -> KeyInfo | None:
+        held = self._keys.get(digest)
+        return held[0] if held is not None and held[1] > time.monotonic() else None
+
+    def _remember(self, digest: str, info: KeyInfo | None) -> KeyInfo | None:
+        if info is not None and self.key_cache_s > 0:  # only verified keys; an unknown key is asked every time
+            if len(self._keys) > 100_000:
+                self._keys.clear()
+            self._keys[digest] = (info, time.monotonic() + self.key_cache_s)
+        return info
 
     # ---------------------------------------------------------------- budgets
 
     def remaining_usd(self, key: KeyInfo) -> float:
         """Budget left in the current period, net of what is reserved by calls in flight."""
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.select(spend_table).where(
-                spend_table.c.key_id == key.key_id, spend_table.c.period == period_start(key.period))).first()
-        used = 0 if row is None else row.spent_nusd + row.reserved_nusd
-        return max(to_usd(to_nano(key.budget_usd) - used), 0.0)
+        return self.run(self._remaining(key))
+
+    async def aremaining_usd(self, key: KeyInfo) -> float:
+        return await self.arun(self._remaining(key))
+
+    @staticmethod
+    def _remaining(key: KeyInfo) -> Callable[[sa.Connection], float]:
+        args = {"b_key": key.key_id, "b_period": period_start(key.period)}
+
+        def remaining(conn: sa.Connection) -> float:
+            row = conn.execute(STATEMENTS["spend"], args).first()
+            used = 0 if row is None else row.spent_nusd + row.reserved_nusd
+            return max(to_usd(to_nano(key.budget_usd) - used), 0.0)
+        return remaining
 
     def spend(self, key_id: str, period: str) -> tuple[float, float]:
         """(spent, reserved) USD of a key in one period (its start, e.g. "2026-11-03")."""
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.select(spend_table).where(
-                spend_table.c.key_id == key_id, spend_table.c.period == period)).first()
+        row = self.run(lambda conn: conn.execute(STATEMENTS["spend"], {"b_key": key_id, "b_period": period}).first())
         return (0.0, 0.0) if row is None else (to_usd(row.spent_nusd), to_usd(row.reserved_nusd))
 
     def reserve(self, key: KeyInfo, worst_usd: float) -> Reservation:
         """Hold `worst_usd` of the key's budget, or raise BudgetRefused; atomic (see module docstring)."""
-        period, worst = period_start(key.period), to_nano(worst_usd)
-        with self._lock, self.engine.begin() as conn:
-            self._ensure_spend_row(conn, key.key_id, period)
-            done = conn.execute(spend_table.update().where(
-                spend_table.c.key_id == key.key_id, spend_table.c.period == period,
-                spend_table.c.spent_nusd + spend_table.c.reserved_nusd + worst <= to_nano(key.budget_usd),
-            ).values(reserved_nusd=spend_table.c.reserved_nusd + worst))
-        if done.rowcount != 1:
-            raise BudgetRefused(period)
-        return Reservation(key.key_id, period, worst)
+        held, reserve = self._reserve(key, worst_usd)
+        return self._reserved(held, self.run(reserve))
+
+    async def areserve(self, key: KeyInfo, worst_usd: float) -> Reservation:
+        held, reserve = self._reserve(key, worst_usd)
+        return self._reserved(held, await self.arun(reserve))
+
+    def _reserve(self, key: KeyInfo, worst_usd: float) -> tuple[Reservation, Callable[[sa.Connection], int]]:
+        held = Reservation(key.key_id, period_start(key.period), to_nano(worst_usd))
+        args = {"b_key": held.key_id, "b_period": held.period, "b_amount": held.nusd,
+                "b_budget": to_nano(key.budget_usd)}
+        known = (held.key_id, held.period) in self._spend_rows
+
+        def reserve(conn: sa.Connection) -> int:
+            if not known:
+                self._ensure_spend_row(conn, held.key_id, held.period)
+            return conn.execute(STATEMENTS["hold"], args).rowcount
+        return held, reserve
+
+    def _reserved(self, held: Reservation, rowcount: int) -> Reservation:
+        if rowcount != 1:
+            raise BudgetRefused(held.period)
+        self._spend_rows.add((held.key_id, held.period))  # committed: the row exists from now on
+        return held
 
     def resize(self, held: Reservation, worst_usd: float, budget_usd: float) -> Reservation:
         """Change a reservation's amount (a fallback worker may cost more), under the same rule."""
-        worst = to_nano(worst_usd)
-        delta = worst - held.nusd
-        with self._lock, self.engine.begin() as conn:
-            done = conn.execute(spend_table.update().where(
-                spend_table.c.key_id == held.key_id, spend_table.c.period == held.period,
-                spend_table.c.spent_nusd + spend_table.c.reserved_nusd + delta <= to_nano(budget_usd),
-            ).values(reserved_nusd=spend_table.c.reserved_nusd + delta))
-        if done.rowcount != 1:
+        return self._resized(held, worst_usd, self.run(self._resize(held, worst_usd, budget_usd)))
+
+    async def aresize(self, held: Reservation, worst_usd: float, budget_usd: float) -> Reservation:
+        return self._resized(held, worst_usd, await self.arun(self._resize(held, worst_usd, budget_usd)))
+
+    @staticmethod
+    def _resize(held: Reservation, worst_usd: float, budget_usd: float) -> Callable[[sa.Connection], int]:
+        args = {"b_key": held.key_id, "b_period": held.period, "b_amount": to_nano(worst_usd) - held.nusd,
+                "b_budget": to_nano(budget_usd)}
+        return lambda conn: conn.execute(STATEMENTS["hold"], args).rowcount
+
+    @staticmethod
+    def _resized(held: Reservation, worst_usd: float, rowcount: int) -> Reservation:
+        if rowcount != 1:
             raise BudgetRefused(held.period)
-        return Reservation(held.key_id, held.period, worst)
+        return Reservation(held.key_id, held.period, to_nano(worst_usd))
 
     def settle(self, held: Reservation, cost_usd: float, decision: dict[str, Any] | None = None) -> None:
         """Release the reservation and charge the real cost, capped at what was reserved: the cap
         is what makes the reservation a guarantee (a worker over-reporting tokens cannot overspend).
         `decision` is logged in the same transaction (one commit per request end)."""
-        charge = min(to_nano(cost_usd), held.nusd)
-        with self._lock, self.engine.begin() as conn:
-            conn.execute(spend_table.update().where(
-                spend_table.c.key_id == held.key_id, spend_table.c.period == held.period,
-            ).values(reserved_nusd=spend_table.c.reserved_nusd - held.nusd,
-                     spent_nusd=spend_table.c.spent_nusd + charge))
-            if decision is not None:
-                conn.execute(decisions_table.insert().values(**_decision_row(decision)))
+        self.settle_later(held, cost_usd, decision).result()
+
+    def settle_later(self, held: Reservation, cost_usd: float, decision: dict[str, Any] | None = None) -> Future:
+        """settle(), queued: returns at once; the store's thread writes it before any operation
+        asked for later (so a later reservation or read sees it), and close() waits for it."""
+        args = {"b_key": held.key_id, "b_period": held.period, "b_amount": held.nusd,
+                "b_charge": min(to_nano(cost_usd), held.nusd)}
+        row = _decision_row(decision) if decision is not None else None
+
+        def settle(conn: sa.Connection) -> None:
+            conn.execute(STATEMENTS["settle"], args)
+            if row is not None:
+                conn.execute(STATEMENTS["log"], row)
+        future = self.submit(settle)
+        future.add_done_callback(_log_failure)
+        return future
 
     @staticmethod
     def _ensure_spend_row(conn: sa.Connection, key_id: str, period: str) -> None:
@@ -242,9 +369,8 @@ class Store:
     # ---------------------------------------------------------------- decisions
 
     def decision(self, decision_id: str) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.select(decisions_table).where(
-                decisions_table.c.decision_id == decision_id)).first()
+        row = self.run(lambda conn: conn.execute(sa.select(decisions_table).where(
+            decisions_table.c.decision_id == decision_id)).first())
         if row is None:
             return None
         record = dict(row._mapping)
@@ -253,10 +379,41 @@ class Store:
 
     def record_score(self, decision_id: str, score: float) -> bool:
         """Grade a logged decision (1/0 or a score in [0, 1]); False if there is no such decision."""
-        with self._lock, self.engine.begin() as conn:
-            done = conn.execute(decisions_table.update().where(
-                decisions_table.c.decision_id == decision_id).values(score=float(score)))
-        return done.rowcount == 1
+        return self.run(lambda conn: conn.execute(decisions_table.update().where(
+            decisions_table.c.decision_id == decision_id).values(score=float(score))).rowcount) == 1
+
+
+def _serve(engine: sa.Engine, ops: queue.SimpleQueue) -> None:
+    """A store's thread: each operation in its own transaction, in order, until the None from close()."""
+    while (op := ops.get()) is not None:
+        fn, future = op
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            with engine.begin() as conn:
+                result = fn(conn)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+
+def _lookup(conn: sa.Connection, digest: str) -> KeyInfo | None:
+    row = conn.execute(STATEMENTS["lookup"], {"b_hash": digest}).first()
+    if row is None or row.revoked:
+        return None
+    return KeyInfo(row.key_id, row.name, to_usd(row.budget_nusd), row.period)
+
+
+def _log_failure(future: Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("could not settle a reservation / log a decision: %s", future.exception())
+
+
+def _close_store(ref: weakref.ref) -> None:
+    store = ref()
+    if store is not None:
+        store.close()
 
 
 def _decision_row(record: dict[str, Any]) -> dict[str, Any]:

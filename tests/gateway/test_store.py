@@ -1,15 +1,17 @@
 """Keys and budgets on a real SQLite database: hashed keys, atomic reservations under thread races,
-settlement capped at the reservation, and the `routerops gateway keys create` command."""
+settlement capped at the reservation, the cache of verified keys, settlements queued off the request
+path and all written by close(), and the `routerops gateway keys create` command."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gateway.store import BudgetRefused, Store, period_start
+from gateway.store import BudgetRefused, Store, period_start, read_decisions
 from stages.cli import main
 
 
@@ -57,3 +59,35 @@ def test_keys_create_command_prints_the_key_once(tmp_path, capsys):
     assert info.budget_usd == 0.5 and info.period == "day" and info.key_id == printed["key_id"]
     assert main(["gateway", "keys", "create", "--budget-usd", "-1", "--db-url", url]) == 2
     assert "--budget-usd" in capsys.readouterr().err
+
+
+def test_a_verified_key_is_cached_for_key_cache_s_and_an_unknown_one_never(tmp_path):
+    url = f"sqlite:///{tmp_path / 'gw.db'}"
+    cached, uncached = Store(url), Store(url, key_cache_s=0)
+    key, info = cached.create_key(1.0, "day")
+    assert cached.lookup(key) == info and uncached.lookup(key) == info
+    with sqlite3.connect(tmp_path / "gw.db") as raw:
+        raw.execute("update gateway_keys set revoked = 1")
+    assert uncached.lookup(key) is None  # revocation is seen at once without the cache ...
+    assert cached.lookup(key) == info  # ... and within key_cache_s with it
+    cached._keys.clear()  # what the passing of key_cache_s does
+    assert cached.lookup(key) is None
+
+
+def test_queued_settlements_are_written_in_order_and_all_of_them_by_close(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'gw.db'}")
+    _, key = store.create_key(1.0, "total")
+    held = [store.reserve(key, 1e-3) for _ in range(50)]
+    gate = threading.Event()
+    store.submit(lambda conn: gate.wait(30))  # the store's thread is busy: settlements queue up
+    futures = [store.settle_later(h, 5e-4, {"decision_id": f"d{i}", "created_at": "now", "key_id": key.key_id,
+                                              "router": "r", "router_version": "1", "price_book_version": "p",
+                                              "query_id": "q", "query": "", "chosen": "w", "worker": "w",
+                                              "propensity": 1.0, "explanation": {}, "status": "ok"})
+               for i, h in enumerate(held)]
+    assert not any(f.done() for f in futures)
+    gate.set()
+    store.close()
+    assert all(f.done() and f.exception() is None for f in futures)
+    assert store.spend(key.key_id, "total") == (pytest.approx(50 * 5e-4), 0.0)  # a new thread serves after close
+    assert len(read_decisions(f"sqlite:///{tmp_path / 'gw.db'}", graded_only=False)) == 50
