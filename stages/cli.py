@@ -29,10 +29,8 @@ def stage_command(args: argparse.Namespace) -> None:
 def gateway_command(args: argparse.Namespace) -> None:
     """`routerops gateway ...`, parsed by gateway/cli.py's own parser (it reads the gateway's settings,
     so building it imports the gateway: only when asked for)."""
-    from gateway.cli import add_gateway_parser  # the gateway's app and store: only for this command
-
     parser = argparse.ArgumentParser(prog="routerops")
-    add_gateway_parser(parser.add_subparsers(dest="command", required=True))
+    resolve("gateway.cli:add_gateway_parser")(parser.add_subparsers(dest="command", required=True))
     gateway_args = parser.parse_args(["gateway", *args.rest])
     gateway_args.func(gateway_args)
 
