@@ -101,7 +101,8 @@ def log_pipeline_runs(cfg: TrackConfig, manifest_dir: Path, stage_order: list[st
                       run_name: str = "pipeline", tags: dict[str, str] | None = None) -> dict[str, str]:
     """Log the manifests of `stage_order` present in `manifest_dir`, in that order, under one parent
     run (tagged with `tags`); a stage that left several manifests (e.g. one per ablation,
-    `mt-ablation-full.json`) logs each."""
+    `mt-ablation-full.json`) logs each. The parent also lists every stage's inputs as its datasets:
+    the runs table shows parents by default, and comparing two pipelines starts there."""
     use_tracking(cfg)
     commit = git_commit()
     manifests = [json.loads(path.read_text()) for stage in stage_order
@@ -111,7 +112,18 @@ def log_pipeline_runs(cfg: TrackConfig, manifest_dir: Path, stage_order: list[st
         run_ids = {"pipeline": parent.info.run_id}
         for manifest in manifests:
             run_ids[manifest["stage"]] = log_stage(manifest, commit)
+        log_dataset_inputs(*all_inputs(manifests))
     return run_ids
+
+
+def all_inputs(manifests: list[dict]) -> tuple[list[str], dict[str, str]]:
+    """(paths, recorded sha256 by path) of the inputs of every manifest, each path once; a path two
+    stages read with different contents keeps the first record, so the later one shows as changed."""
+    recorded: dict[str, str] = {}
+    for manifest in manifests:
+        for path, sha in manifest["inputs"].items():
+            recorded.setdefault(path, sha)
+    return list(recorded), recorded
 
 
 # ---------------------------------------------------------------- dataset inputs

@@ -89,6 +89,9 @@ def test_each_stage_run_lists_its_inputs_with_dvc_digests_splits_and_rows(tracke
 
     assert set(collect) == {"data/suites/tasks.jsonl", "configs/prices/current.yaml"}
     assert set(evaluate) == {"data/priced/episodes.parquet", "configs/prices/current.yaml"}
+    parent = inputs_of(client, run_ids["pipeline"])  # the row the runs table shows first: every input, once
+    assert set(parent) == set(collect) | set(evaluate)
+    assert {name: logged["digest"] for name, logged in parent.items()} == {name: dvc[name] for name in parent}
     for name, logged in {**collect, **evaluate}.items():
         assert logged["digest"] == dvc[name], name
     tasks = collect["data/suites/tasks.jsonl"]
