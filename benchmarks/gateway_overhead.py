@@ -5,14 +5,18 @@ Setup, all on 127.0.0.1: a real HTTP endpoint that answers every chat completion
 (routerops.workers.chaos.DelayedEndpoint) stands for both workers of the pool; a kNN router on
 MiniLM embeddings is fitted, registered in a temporary MLflow store and promoted to champion; the
 gateway runs as its own process (`python -m stages.cli gateway serve`) in front of the endpoint.
-Both arms send the same open-loop schedule (one request every 1/rate s, each timed from its own send
+Every arm sends the same open-loop schedule (one request every 1/rate s, each timed from its own send
 time) of queries drawn from a fixed set whose embeddings the gateway has already cached (one warm-up
-pass): the cached-embedding router of the target. The arms run one after the other. This process
-loads MiniLM and MLflow to fit and register the router (~10^6 objects); they are frozen out of the
-garbage collector before the arms, whose client and endpoint run here, so that a full collection of
-this process (0.2-0.8 s on a 2-core machine) is not timed into either arm.
+pass): the cached-embedding router of the target. This process loads MiniLM and MLflow to fit and
+register the router (~10^6 objects); they are frozen out of the garbage collector before the arms,
+whose client and endpoint run here, so that a full collection of this process (0.2-0.8 s on a 2-core
+machine) is not timed into any arm.
 
-    python benchmarks/gateway_overhead.py [--rate 50] [--requests 1000] [--out benchmarks/results/gateway_overhead.json]
+The gateway runs twice, on uvicorn's default stack (uvloop + httptools) and on asyncio + h11, and
+the arms (direct, each stack) alternate over `--rounds` rounds, so a shared machine's drifting load
+falls on every arm alike; percentiles pool the rounds, and each round's added p99 is kept too.
+
+    python benchmarks/gateway_overhead.py [--rate 50] [--requests 1000] [--rounds 3] [--out benchmarks/results/gateway_overhead.json]
 """
 
 from __future__ import annotations
@@ -87,17 +91,25 @@ def pool_file(tmp: Path, endpoint: str) -> Path:
     return path
 
 
-def start_gateway(tmp: Path, uri: str, name: str, pool: Path, db_url: str) -> tuple[subprocess.Popen, str]:
+# The server stacks the gateway is timed on, each as its own process in the same run: uvicorn's
+# defaults (uvloop + httptools, dependencies of the project) and the pure-Python stack it used before.
+STACKS = {"uvloop+httptools": ("auto", "auto"), "asyncio+h11": ("asyncio", "h11")}
+
+
+def start_gateway(tmp: Path, uri: str, name: str, pool: Path, db_url: str, loop: str = "auto",
+                  http: str = "auto") -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "stages.cli", "gateway", "serve", "--router", name, "--port", str(port),
-           "--tracking-uri", uri, "--pool-file", str(pool), "--db-url", db_url, "--log-texts"]
+           "--tracking-uri", uri, "--pool-file", str(pool), "--db-url", db_url, "--log-texts",
+           "--loop", loop, "--http", http]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(tmp / "gateway.log", "wb"), stderr=subprocess.STDOUT)
+    log_file = tmp / f"gateway-{port}.log"
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log_file, "wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError((tmp / "gateway.log").read_text()[-3000:])
+            raise RuntimeError(log_file.read_text()[-3000:])
         try:
             if httpx.get(f"{url}/models", timeout=2).status_code in (200, 401):
                 return proc, url
@@ -129,41 +141,67 @@ def summary(ms: np.ndarray) -> dict[str, float]:
             "mean_ms": float(ms.mean()), "max_ms": float(ms.max())}
 
 
+def added(gateway: dict[str, float], direct: dict[str, float]) -> dict[str, float]:
+    return {"p50_ms": gateway["p50_ms"] - direct["p50_ms"], "p99_ms": gateway["p99_ms"] - direct["p99_ms"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=50.0, help="requests per second, each arm")
-    parser.add_argument("--requests", type=int, default=1000, help="requests per arm")
+    parser.add_argument("--requests", type=int, default=1000, help="requests per arm and round")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of (direct, each stack): a shared machine's load drifts, so arms alternate")
     parser.add_argument("--delay-s", type=float, default=0.02, help="the endpoint's answer delay")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gateway_overhead.json"))
     args = parser.parse_args()
     texts = queries(50, seed=2)
+    arms = ["direct", *STACKS]
+    latencies: dict[str, list[np.ndarray]] = {arm: [] for arm in arms}
+    load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp_dir, DelayedEndpoint(delay_s=args.delay_s) as endpoint:
         tmp = Path(tmp_dir)
         uri, name = register_knn(tmp)
         from gateway.store import Store
 
-        db_url = f"sqlite:///{tmp / 'gateway.db'}"
-        key, _ = Store(db_url).create_key(1e6, "day")
-        proc, gateway_url = start_gateway(tmp, uri, name, pool_file(tmp, endpoint), db_url)
-        headers = {"Authorization": f"Bearer {key}"}
-        gc.collect()
-        gc.freeze()
+        gateways, procs = {}, []
         try:
-            asyncio.run(run_arm(gateway_url, headers, "auto", texts, 10, len(texts)))  # warm-up: embeddings cached
-            direct = asyncio.run(run_arm(endpoint, {}, "smollm2-135m-instruct", texts, args.rate, args.requests))
-            routed = asyncio.run(run_arm(gateway_url, headers, "auto", texts, args.rate, args.requests))
+            for stack, (loop, http) in STACKS.items():
+                db_url = f"sqlite:///{tmp / f'gateway-{loop}-{http}.db'}"
+                key, _ = Store(db_url).create_key(1e6, "day")
+                proc, url = start_gateway(tmp, uri, name, pool_file(tmp, endpoint), db_url, loop, http)
+                procs.append(proc)
+                gateways[stack] = (url, {"Authorization": f"Bearer {key}"}, "auto")
+            targets = {"direct": (endpoint, {}, "smollm2-135m-instruct"), **gateways}
+            gc.collect()
+            gc.freeze()
+            for url, headers, model in gateways.values():  # warm-up: embeddings cached
+                asyncio.run(run_arm(url, headers, model, texts, 10, len(texts)))
+            for _ in range(args.rounds):
+                for arm in arms:
+                    url, headers, model = targets[arm]
+                    latencies[arm].append(asyncio.run(run_arm(url, headers, model, texts, args.rate, args.requests)))
+                load.append(os.getloadavg()[0])
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-    d, g = summary(direct), summary(routed)
-    added = {"p50_ms": g["p50_ms"] - d["p50_ms"], "p99_ms": g["p99_ms"] - d["p99_ms"]}
+            for proc in procs:
+                proc.terminate()
+                proc.wait(timeout=30)
+    direct = summary(np.concatenate(latencies["direct"]))
+    stacks = {}
+    for stack in STACKS:
+        gateway = summary(np.concatenate(latencies[stack]))
+        per_round = [added(summary(g), summary(d))["p99_ms"] for g, d in zip(latencies[stack], latencies["direct"])]
+        stacks[stack] = {"gateway": gateway, "added": added(gateway, direct), "added_p99_ms_per_round": per_round}
+    default = stacks["uvloop+httptools"]["added"]
     result = {"benchmark": "gateway_overhead", "rate_per_s": args.rate, "requests_per_arm": args.requests,
-              "endpoint_delay_s": args.delay_s, "router": "kNN on MiniLM embeddings (cached after a warm-up pass)",
-              "direct": d, "gateway": g, "added": added, "target_p99_added_ms": TARGET_P99_ADDED_MS,
-              "meets_target": added["p99_ms"] <= TARGET_P99_ADDED_MS,
+              "rounds": args.rounds, "endpoint_delay_s": args.delay_s,
+              "router": "kNN on MiniLM embeddings (cached after a warm-up pass)",
+              "direct": direct, "stacks": stacks, "added": default,
+              "p99_added_ratio_h11_over_default": stacks["asyncio+h11"]["added"]["p99_ms"] / default["p99_ms"],
+              "target_p99_added_ms": TARGET_P99_ADDED_MS,
+              "meets_target": default["p99_ms"] <= TARGET_P99_ADDED_MS,
               "command": "python benchmarks/gateway_overhead.py " + " ".join(sys.argv[1:]),
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                          "load_avg_1m": os.getloadavg()[0]}}
+                          "load_avg_1m_per_round": load}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

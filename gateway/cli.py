@@ -33,6 +33,11 @@ def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
                        help="MLflow store holding the registry (default: MLFLOW_TRACKING_URI, else params' track)")
     serve.add_argument("--local-server", action="store_true",
                        help="start the embedded llama.cpp server for workers with endpoint 'local'")
+    # uvicorn's "auto" takes uvloop (libuv) and httptools (the C llhttp parser), both dependencies, over
+    # asyncio's selector loop and the pure-Python h11 parser, which was most of the added latency that
+    # remained (py-spy; benchmarks/gateway_overhead.py times both stacks in one run).
+    serve.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto", help="event loop (uvicorn)")
+    serve.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto", help="HTTP parser (uvicorn)")
     for name, spec in GatewayConfig.__dataclass_fields__.items():
         if name == "routers":
             continue
@@ -80,4 +85,5 @@ def serve_command(args: argparse.Namespace) -> None:
         # pause of every request in flight (benchmarks/gateway_overhead.py). A champion swapped in later
         # is collected as usual.
         gc.freeze()
-        uvicorn.run(create_app(gw), host=args.host, port=args.port, log_level="warning", access_log=False)
+        uvicorn.run(create_app(gw), host=args.host, port=args.port, loop=args.loop, http=args.http,
+                    log_level="warning", access_log=False)
