@@ -245,6 +245,7 @@ def test_an_orchestrator_champion_answers_with_the_episode_usage_and_costs(orche
     extra = completion.model_extra["routerops"]
     explained = extra["explanation"]
     calls = explained["calls"]
+    print("EPISODE", json.dumps(explained, indent=1), completion.choices[0].message.content)
     assert explained["family"] == "orchestrator" and extra["router_version"] == registered.version
     assert calls and calls[0]["actor"] == "controller" and calls[0]["worker"] == ORCHESTRATOR
     assert len([c for c in calls if c["actor"] == "controller"]) <= 2  # the controller's T_max
