@@ -135,7 +135,7 @@ class Gateway:
         self._clients: dict[str, openai.AsyncOpenAI] = {}
         self._http: httpx.AsyncClient | None = None
         self._workers: dict[str, Any] | None = None  # the executor's Worker objects (orchestrator champions)
-        self._runners: dict[tuple[str, str], OrchestraRunner] = {}
+        self._runners: dict[str, OrchestraRunner] = {}  # per served name: its current champion's
         self._rng = random.Random()
 
     # ---------------------------------------------------------------- checking a request
@@ -214,17 +214,17 @@ class Gateway:
         return Call(key, champion, decision, held, body)
 
     def orchestra_runner(self, champion: Champion) -> OrchestraRunner:
-        """The executor's runner for an orchestrator champion, made once per champion version; the
-        pool's Worker objects (LLM clients, the sandbox, sympy) are built once per gateway."""
-        runner = self._runners.get((champion.name, champion.version))
-        if runner is None:
+        """The executor's runner for an orchestrator champion, made once per champion version (only the
+        latest is kept: a swapped-out controller is freed once its requests finish); the pool's Worker
+        objects (LLM clients, the sandbox, sympy) are built once per gateway."""
+        runner = self._runners.get(champion.name)
+        if runner is None or runner.served is not champion.router:
             if self._workers is None:
                 try:
                     self._workers = build_workers(self.pool, self.cfg.local_base_url or None)
                 except RouteropsError as exc:
                     raise RequestError(503, f"the orchestrator's workers cannot run here: {exc}", "server_error") from exc
-            runner = self._runners[(champion.name, champion.version)] = OrchestraRunner(
-                champion.router, self.pool, self.book, self._workers)
+            runner = self._runners[champion.name] = OrchestraRunner(champion.router, self.pool, self.book, self._workers)
         return runner
 
     def base_url(self, worker: str) -> str:

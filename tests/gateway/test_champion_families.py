@@ -57,6 +57,7 @@ TWO_TURNS = [{"role": "system", "content": "Be brief."},
              {"role": "assistant", "content": "43"},
              {"role": "user", "content": "That is not right. Try again."}]
 MAX_TOKENS = 8
+TASK = "What is 12 * 7 + 5?"
 
 pytestmark = pytest.mark.slow
 
@@ -201,25 +202,42 @@ def test_an_mtrouter_routing_to_a_worker_outside_the_pool_is_refused_and_logged(
 # ---------------------------------------------------------------- the orchestrator
 
 
+def teacher_conversation(limits) -> list[dict[str, str]]:
+    """One 004-grammar episode for TASK, opened exactly as the gateway's executor opens it: route the
+    task to smol-direct, then verify and answer from its observation."""
+    from routerops.orchestra.executor import ExecutorConfig, opening, worker_labels
+
+    config = ExecutorConfig(budget_usd=limits.budget_usd, turn_limit=limits.turn_limit, prompt=limits.prompt)
+    _, messages = opening(POOL, BOOK, config, TASK, worker_labels(POOL, False, None))
+    plan = (f'<plan round="1">\n<subtask id="1" depends_on="">{TASK}</subtask>\n</plan>\n'
+            f'<route subtask="1" model="smol-direct" skill="answer">{TASK}</route>')
+    return messages + [
+        {"role": "assistant", "content": plan},
+        {"role": "user", "content": '<obs subtask="1"> 89 </obs>'},
+        {"role": "assistant", "content": "<verify>\nThe worker's result answers the task.\n</verify>\n"
+                                         "<final_answer> 89 </final_answer>"}]
+
+
 @pytest.fixture(scope="module")
 def orchestrator(mlflow_registry, tmp_path_factory):
-    """The served SmolLM2 controller with an untrained LoRA adapter, registered as champion."""
+    """A tiny trained orchestrator, registered as champion: SmolLM2's LoRA adapter fitted by the SFT
+    stage (models/orchestrator/sft.py) on one teacher episode for six steps (~1 min on two cores),
+    enough for its greedy turns on TASK to follow the grammar and route a real worker."""
     import torch
-    from peft import LoraConfig, get_peft_model
 
     from evaluation.orchestra_serving import Episodes, ServedOrchestrator
-    from models.orchestrator.config import GenerationSettings, ModelSpec
-    from models.orchestrator.lm import base_model_folder, load_causal_lm, load_tokenizer
+    from models.orchestrator.config import GenerationSettings, ModelSpec, OrchestraConfig, SFTSettings
+    from models.orchestrator.sft import train_sft
 
     torch.set_num_threads(2)
     tmp = tmp_path_factory.mktemp("controller")
-    spec = ModelSpec()
-    folder = base_model_folder(spec)
-    adapter = tmp / "adapter"
-    get_peft_model(load_causal_lm(folder, "float32", "cpu"), LoraConfig(r=4, target_modules=["q_proj"])).save_pretrained(adapter)
-    load_tokenizer(folder).save_pretrained(adapter)
-    served = ServedOrchestrator.from_files(spec, GenerationSettings(max_new_tokens=32), adapter, POOL_FILE, BOOK_FILE,
-                                           Episodes(budget_usd=0.01, turn_limit=2, prompt="compact"))
+    limits = Episodes(budget_usd=0.01, turn_limit=3, prompt="compact")
+    (tmp / "teacher.jsonl").write_text(json.dumps({"task_id": "t0", "messages": teacher_conversation(limits)}) + "\n")
+    run = OrchestraConfig(sft=SFTSettings(learning_rate=3e-3, warmup_steps=0, max_steps=6, batch_size=1,
+                                          max_seq_len=1024, lora_dropout=0.0, save_steps=6, logging_steps=1))
+    trained = train_sft(run, tmp / "teacher.jsonl", tmp / "sft")
+    served = ServedOrchestrator.from_files(ModelSpec(), GenerationSettings(max_new_tokens=96), trained.adapter_dir,
+                                           POOL_FILE, BOOK_FILE, limits)
     registered = register(served, include_code=False)
     set_champion(ORCHESTRATOR, registered.version)
     return served, registered
@@ -239,16 +257,20 @@ def test_an_orchestrator_champion_answers_with_the_episode_usage_and_costs(orche
     served, registered = orchestrator
     key, info = gw.store.create_key(1.0, "day")
     raw = client(url, key).chat.completions.with_raw_response.create(
-        model=f"router:{ORCHESTRATOR}", messages=[{"role": "user", "content": "What is 12 * 7 + 5?"}],
-        extra_body={"explain": True})
+        model=f"router:{ORCHESTRATOR}", messages=[{"role": "user", "content": TASK}], extra_body={"explain": True})
     completion = raw.parse()
     extra = completion.model_extra["routerops"]
     explained = extra["explanation"]
     calls = explained["calls"]
-    print("EPISODE", json.dumps(explained, indent=1), completion.choices[0].message.content)
     assert explained["family"] == "orchestrator" and extra["router_version"] == registered.version
-    assert calls and calls[0]["actor"] == "controller" and calls[0]["worker"] == ORCHESTRATOR
-    assert len([c for c in calls if c["actor"] == "controller"]) <= 2  # the controller's T_max
+    assert calls[0]["actor"] == "controller" and calls[0]["worker"] == ORCHESTRATOR
+    assert len([c for c in calls if c["actor"] == "controller"]) <= 3  # the controller's T_max
+    # its first turn routed the task to the real smol-direct (llama.cpp), blind, as one subtask
+    routed = [c for c in calls if c["actor"] == "worker"]
+    assert [(c["worker"], c["primitive"], c["subtask_id"]) for c in routed] == [("smol-direct", "answer", "1")]
+    assert routed[0]["completion_tokens"] > 0 and routed[0]["cost_usd"] == pytest.approx(
+        BOOK.cost("smol-direct", routed[0]["prompt_tokens"], routed[0]["completion_tokens"]))
+    assert explained["cost_share"]["smol-direct"] > 0
     # usage and cost are the episode's calls summed; the reservation was the episode's budget
     assert completion.usage.prompt_tokens == sum(c["prompt_tokens"] for c in calls) > 0
     assert completion.usage.completion_tokens == sum(c["completion_tokens"] for c in calls) > 0
@@ -256,10 +278,8 @@ def test_an_orchestrator_champion_answers_with_the_episode_usage_and_costs(orche
     assert cost == pytest.approx(sum(c["cost_usd"] for c in calls), abs=1e-9) and 0 < cost <= 0.01
     assert float(raw.headers["x-routerops-reserved-usd"]) == pytest.approx(0.01)  # min(B, the key's $1)
     assert raw.headers["x-routerops-calls"] == ",".join(c["worker"] for c in calls)
-    ended = explained["ended_by"]
-    assert completion.choices[0].finish_reason == ("stop" if ended == "done" else "length")
-    if ended != "done":  # T_max or the budget ended the episode before a <final_answer>
-        assert not completion.choices[0].message.content
+    assert explained["ended_by"] == "done" and completion.choices[0].finish_reason == "stop"
+    assert completion.choices[0].message.content.strip()  # the controller's <final_answer>
     spent, reserved = gw.store.spend(info.key_id, period_start("day"))
     assert spent == pytest.approx(cost, abs=1e-9) and reserved == 0
     record = httpx.get(f"{url}/decisions/{extra['decision_id']}", headers={"Authorization": f"Bearer {key}"}).json()
