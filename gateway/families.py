@@ -126,7 +126,9 @@ class SingleTurnScorer:
 class MTRouterScorer:
     """ŝ(h_t, a) of MTRouter for every candidate worker (000 eq. 8), through the served model's own
     `decide`, so its STOP (no turns left, no candidate within the budget at its expected cost ĉ)
-    is the one the registry's model gives; the gateway's worst-case budget rule then applies on top."""
+    is the one the registry's model gives; the gateway's worst-case budget rule then applies on top,
+    with the gateway's λ on the worst-case cost (the request's `cost_weight`), not MTRouter's own λ
+    on ĉ: one rule for every family."""
 
     family = MTROUTER
 

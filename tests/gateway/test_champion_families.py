@@ -183,8 +183,8 @@ def test_mtrouter_stop_is_answered_like_an_unaffordable_request(mt_gateway):
     assert models[0]["routerops"]["family"] == "mtrouter" and models[0]["routerops"]["workers"] == WORKERS
 
 
-def test_an_mtrouter_routing_to_a_worker_outside_the_pool_is_refused_and_logged(mt_gateway, mtrouter, caplog,
-                                                                                  tmp_path):
+def test_an_mtrouter_routing_outside_the_pool_is_refused_and_logged_then_a_fit_one_swaps_in(
+        mt_gateway, mtrouter, caplog, tmp_path):
     gw, _ = mt_gateway
     outsider = WorkerSpec(name="gpt-9", kind="llm", primitives=("answer",), model="gpt-9",
                           attributes=dict(POOL.worker("smol-cot").attributes))
@@ -196,7 +196,9 @@ def test_an_mtrouter_routing_to_a_worker_outside_the_pool_is_refused_and_logged(
     assert refusal["version"] == misfit.version and "'gpt-9'" in refusal["reason"] and "no LLM endpoint" in refusal["reason"]
     assert any(misfit.version in r.getMessage() and refusal["reason"] in r.getMessage() for r in caplog.records)
     assert gw.champions.current(MT_NAME).version == mtrouter[1].version  # the old champion keeps serving
-    set_champion(MT_NAME, mtrouter[1].version)
+    again = register(mtrouter[0], include_code=False)  # a fitting new version is swapped in
+    set_champion(MT_NAME, again.version)
+    asyncio.run(wait_for(lambda: gw.champions.current(MT_NAME).version == again.version))
 
 
 # ---------------------------------------------------------------- the orchestrator
@@ -300,10 +302,53 @@ def test_an_orchestrator_streams_its_answer_as_one_chunk_and_respects_a_small_bu
     spent, _ = gw.store.spend(info.key_id, period_start("day"))
     assert final["cost_usd"] == pytest.approx(spent, abs=1e-9) and chunks[1].usage.total_tokens > 0
 
+    models = httpx.get(f"{url}/models", headers={"Authorization": f"Bearer {key}"}).json()["data"]
+    assert models[0]["routerops"]["family"] == "orchestrator" and "sympy" in models[0]["routerops"]["workers"]
+
     tiny, _ = gw.store.create_key(1e-7, "day")  # below the controller's first turn
     with pytest.raises(openai.RateLimitError, match="first turn may cost"):
         client(url, tiny).chat.completions.create(model=f"router:{ORCHESTRATOR}",
                                                   messages=[{"role": "user", "content": "1 + 1?"}])
+
+
+def pool_with_an_outsider(tmp: Path) -> tuple[Path, Path]:
+    """The pool and price book files plus `gpt-9`, a worker the gateway's pool does not have."""
+    import yaml
+
+    pool, book = yaml.safe_load(POOL_FILE.read_text()), yaml.safe_load(BOOK_FILE.read_text())
+    pool["workers"].append({"name": "gpt-9", "kind": "llm", "endpoint": "http://127.0.0.1:9/v1", "model": "gpt-9",
+                            "primitives": ["answer"], "attributes": {"context_limit": 8192}})
+    book["prices"]["gpt-9"] = {"input_per_1m": 30.0, "output_per_1m": 60.0}
+    (tmp / "pool.yaml").write_text(yaml.safe_dump(pool))
+    (tmp / "prices.yaml").write_text(yaml.safe_dump(book))
+    return tmp / "pool.yaml", tmp / "prices.yaml"
+
+
+def test_an_orchestrator_champion_hot_swaps_and_a_misfit_is_refused_and_logged(orchestra_gateway, orchestrator,
+                                                                                 caplog, tmp_path):
+    from evaluation.orchestra_serving import ServedOrchestrator
+
+    gw, url = orchestra_gateway
+    served, first = orchestrator
+    second = register(served, include_code=False)  # the same controller, a new version
+    set_champion(ORCHESTRATOR, second.version)
+    asyncio.run(wait_for(lambda: gw.champions.current(ORCHESTRATOR).version == second.version))
+
+    pool_file, book_file = pool_with_an_outsider(tmp_path)
+    misfit = register(ServedOrchestrator.from_files(served.spec, served.controller.settings, served.adapter, pool_file,
+                                                    book_file, served.limits), include_code=False)
+    with caplog.at_level(logging.WARNING, logger="gateway.champion"):
+        set_champion(ORCHESTRATOR, misfit.version)
+        asyncio.run(wait_for(lambda: gw.champions.refusals[ORCHESTRATOR]))
+    refusal = gw.champions.refusals[ORCHESTRATOR][0]
+    assert refusal["version"] == misfit.version and "('gpt-9', 'answer')" in refusal["reason"]
+    assert any(refusal["reason"] in r.getMessage() for r in caplog.records)
+    assert gw.champions.current(ORCHESTRATOR).version == second.version  # still serving the last good one
+    key, _ = gw.store.create_key(1.0, "day")
+    models = httpx.get(f"{url}/models", headers={"Authorization": f"Bearer {key}"}).json()["data"]
+    assert models[0]["routerops"]["version"] == second.version
+    assert models[0]["routerops"]["refused"][0]["version"] == misfit.version
+    set_champion(ORCHESTRATOR, first.version)
 
 
 def test_an_orchestrator_whose_routes_the_pool_lacks_is_refused(orchestrator):
