@@ -41,7 +41,7 @@ from gateway.champion import Champion, Champions
 from gateway.errors import RequestError
 from gateway.families import ORCHESTRATOR, ChatMappingError, turns_left_of
 from gateway.orchestrated import OrchestraRunner, answer_orchestrated
-from gateway.routing import Decision, decide, flatten_messages, prompt_token_bound
+from gateway.routing import Decision, decide, prompt_token_bound
 from gateway.store import BudgetRefused, KeyInfo, Reservation, Store
 from routerops.errors import InputError, RouteropsError
 from routerops.pricing import Pool, PriceBook, check_pool_priced, load_pool, load_price_book
@@ -165,8 +165,7 @@ class Gateway:
         """The request's limit (or the largest of its workers' own, or the default), within the cap."""
         asked = body.get("max_completion_tokens", body.get("max_tokens"))
         if asked is None:
-            limits = [self.pool.worker(w).generation.get("max_tokens") for w in champion.router.workers
-                      if self.pool.worker(w).kind == "llm"]
+            limits = [self.pool.worker(w).generation.get("max_tokens") for w in champion.router.workers]
             asked = max([int(x) for x in limits if x] or [self.cfg.default_max_tokens])
         if isinstance(asked, bool) or not isinstance(asked, int) or asked < 1:
             raise RequestError(400, f"`max_tokens` must be a positive integer, got {asked!r}")
@@ -292,7 +291,7 @@ class Gateway:
                                usage.get("cached_tokens", 0)) if worker else 0.0)
         cost = min(cost, call.held.nusd / 1e9)  # never above what was reserved (store.settle caps it too)
         d = call.decision
-        query = flatten_messages(call.body["messages"]) if self.cfg.log_texts else ""
+        query = d.query_text if self.cfg.log_texts else ""  # what the router read (families.py)
         self.store.settle_later(call.held, cost, {
             "decision_id": d.decision_id, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "key_id": call.key.key_id, "router": d.router, "router_version": d.router_version,

@@ -116,6 +116,7 @@ class Decision:
     max_tokens: int
     attempts: list[dict[str, Any]] = field(default_factory=list)  # one per worker tried
     family: str = ""  # the champion's family (gateway/families.py): whose quality estimate this is
+    query_text: str = ""  # what the router read: the flattened user turns, or MTRouter's h_t (logged as `query`)
 
     def candidate(self, worker: str) -> Candidate:
         return next(c for c in self.candidates if c.worker == worker)
@@ -157,7 +158,7 @@ def decide(estimate: Estimate, name: str, version: str, book: PriceBook, message
                   for j, w in enumerate(workers)]
     return Decision(decision_id, name, version, hashlib.sha256(estimate.query.encode()).hexdigest()[:16],
                     candidates, float(budget_usd), float(key_remaining_usd), float(cost_weight), float(epsilon),
-                    chosen, propensity, order, int(max_tokens), family=family)
+                    chosen, propensity, order, int(max_tokens), family=family, query_text=estimate.query)
 
 
 def _explore(order: list[str], epsilon: float, rng: random.Random) -> tuple[str, float]:

@@ -171,6 +171,8 @@ def test_an_mtrouter_champion_answers_a_two_turn_conversation(mt_gateway, mtrout
     assert raw.headers["x-routerops-scores"] == ",".join(f"{w}={scores[w]:.4f}" for w in WORKERS)
     spent, reserved = gw.store.spend(info.key_id, period_start("day"))
     assert spent == pytest.approx(cost, abs=1e-9) and reserved == 0
+    logged = read_decisions(gw.cfg.db_url).set_index("decision_id").loc[completion.model_extra["routerops"]["decision_id"]]
+    assert logged.query.startswith("[Task]\nWhat is 17 plus 25?") and "[Turn 1] Action: 43" in logged.query  # h_t
 
 
 def test_mtrouter_stop_is_answered_like_an_unaffordable_request(mt_gateway):
