@@ -1,10 +1,14 @@
 """The routing gateway: an OpenAI-compatible HTTP server in front of the pool, driven by the registered
-champion router, with per-key USD budgets, an explained decision per request and champion hot-swap.
+champion (a single-turn router, MTRouter or the orchestrator), with per-key USD budgets, an explained
+decision per request and champion hot-swap.
 
 store.py     API keys (hashed at rest), budgets per key and period, the decision log (SQLAlchemy:
              SQLite embedded, Postgres by URL)
-champion.py  the champion router loaded from the MLflow registry and swapped in the background
+champion.py  the champion loaded from the MLflow registry, checked against the pool, swapped in the background
+families.py  how each family reads a chat: the query (single-turn), the history h_t (MTRouter)
 routing.py   the decision: each worker's estimated quality and worst-case cost, the budget rule
+orchestrated.py  an orchestrator champion's request: one executor episode, reserved and settled
+errors.py    the OpenAI-format request error
 app.py       the FastAPI app: /v1/chat/completions (streaming too), /v1/models, /v1/decisions/{id}
 cli.py       `routerops gateway serve` and `routerops gateway keys create`
 """

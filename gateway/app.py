@@ -3,9 +3,13 @@
 POST /v1/chat/completions   `model` = "router:<registered name>" or "auto"; `stream` supported (SSE in
                             the OpenAI format). Extra request fields: `budget_usd` (cap for this
                             request), `explain` (the decision's explanation in the answer),
-                            `cost_weight` (λ of q̂ − λ·cost). The answer is the worker's, with `usage`,
-                            plus a `routerops` field and `x-routerops-*` headers (worker, cost, scores).
-GET  /v1/models             the routed models and their champions (and refused champions).
+                            `cost_weight` (λ of q̂ − λ·cost), `turns_left` (MTRouter's T_max − t). The
+                            answer is the worker's, with `usage`, plus a `routerops` field and
+                            `x-routerops-*` headers (worker, cost, scores). Single-turn routers and
+                            MTRouter pick one worker per request (gateway/families.py reads the chat
+                            for each); an orchestrator champion runs a whole controller episode
+                            instead (gateway/orchestrated.py).
+GET  /v1/models             the routed models, their champions and families (and refused champions).
 GET  /v1/decisions/{id}     a decision's explanation (only to the key that made the request).
 POST /v1/decisions/{id}/feedback   {"score": 0..1}: grade a decision (the log becomes training data).
 
@@ -34,10 +38,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from gateway.champion import Champion, Champions
-from gateway.routing import Decision, decide, flatten_messages, prompt_token_bound
+from gateway.errors import RequestError
+from gateway.families import ORCHESTRATOR, ChatMappingError, turns_left_of
+from gateway.orchestrated import OrchestraRunner, answer_orchestrated
+from gateway.routing import Decision, decide, prompt_token_bound
 from gateway.store import BudgetRefused, KeyInfo, Reservation, Store
-from routerops.errors import InputError
+from routerops.errors import InputError, RouteropsError
 from routerops.pricing import Pool, PriceBook, check_pool_priced, load_pool, load_price_book
+from routerops.workers import build_workers
 from routerops.workers.llm import api_key_for, chat_request
 
 log = logging.getLogger(__name__)
@@ -76,14 +84,6 @@ class GatewayConfig:
                 raise InputError("gateway config", name, f"expected a number ≥ {low}, got {value!r}")
         if not 0 <= self.epsilon <= 1:
             raise InputError("gateway config", "epsilon", f"expected a probability, got {self.epsilon!r}")
-
-
-class RequestError(Exception):
-    """A request the gateway answers with an OpenAI-format error (status, message, type)."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.code = status, message, kind, code
 
 
 def error_response(exc: RequestError) -> JSONResponse:
@@ -134,6 +134,8 @@ class Gateway:
         self.systems = {w.name: str(w.generation.get("system", "")) for w in self.pool.workers}
         self._clients: dict[str, openai.AsyncOpenAI] = {}
         self._http: httpx.AsyncClient | None = None
+        self._workers: dict[str, Any] | None = None  # the executor's Worker objects (orchestrator champions)
+        self._runners: dict[str, OrchestraRunner] = {}  # per served name: its current champion's
         self._rng = random.Random()
 
     # ---------------------------------------------------------------- checking a request
@@ -173,23 +175,35 @@ class Gateway:
 
     # ---------------------------------------------------------------- deciding and paying
 
-    async def open_call(self, key: KeyInfo, body: dict[str, Any]) -> Call:
-        champion = self.resolve(body.get("model"))
+    async def open_call(self, key: KeyInfo, body: dict[str, Any], champion: Champion | None = None) -> Call:
+        """Decide which worker answers (single-turn and MTRouter champions) and reserve its worst case."""
+        champion = champion or self.resolve(body.get("model"))
         messages = check_messages(body.get("messages"))
         max_tokens = self.max_tokens(body, champion)
         request_budget = optional_number(body, "budget_usd", math.inf)
         cost_weight = optional_number(body, "cost_weight", self.cfg.cost_weight)
+        try:
+            turns_left = turns_left_of(body)
+        except ChatMappingError as exc:
+            raise RequestError(400, exc.message) from None
         remaining = await self.store.aremaining_usd(key)
         budget = min(remaining, request_budget)
-        args = (champion.router, champion.name, champion.version, self.book, messages, self.systems, max_tokens,
-                budget, remaining, cost_weight, self.cfg.epsilon, self._rng, uuid.uuid4().hex, champion.embed)
-        if champion.embed is not None and champion.embed.has(flatten_messages(messages)):
-            decision = decide(*args)  # embedding cached: ~0.3 ms of numpy, less than a hop to a thread and back
-        else:  # the encoder (torch) or a router of unknown cost: off the event loop
-            decision = await asyncio.to_thread(decide, *args)
+        scorer = champion.scorer
+        try:
+            if scorer.is_quick(messages):
+                estimate = scorer.estimate(messages, budget, turns_left)
+            else:  # the encoder (torch) or a router of unknown cost: off the event loop
+                estimate = await asyncio.to_thread(scorer.estimate, messages, budget, turns_left)
+        except ChatMappingError as exc:
+            raise RequestError(400, exc.message) from None
+        decision = decide(estimate, champion.name, champion.version, self.book, messages, self.systems, max_tokens,
+                          budget, remaining, cost_weight, self.cfg.epsilon, self._rng, uuid.uuid4().hex,
+                          scorer.family)
         if decision is None:
-            raise RequestError(429, over_budget_message(key, remaining, request_budget, self, champion, messages,
-                                                        max_tokens), "insufficient_quota", "budget_exceeded")
+            # A router that stops (MTRouter's STOP) is answered as when no worker is affordable.
+            message = over_budget_message(key, remaining, request_budget, self, champion, messages, max_tokens)
+            raise RequestError(429, f"{estimate.stop}; {message}" if estimate.stop else message,
+                               "insufficient_quota", "budget_exceeded")
         try:
             held = await self.store.areserve(key, decision.candidate(decision.chosen).worst_cost_usd)
         except BudgetRefused:
@@ -197,6 +211,20 @@ class Gateway:
                                     f"(${await self.store.aremaining_usd(key):.6g} left of ${key.budget_usd:.6g} per "
                                     f"{key.period})", "insufficient_quota", "budget_exceeded") from None
         return Call(key, champion, decision, held, body)
+
+    def orchestra_runner(self, champion: Champion) -> OrchestraRunner:
+        """The executor's runner for an orchestrator champion, made once per champion version (only the
+        latest is kept: a swapped-out controller is freed once its requests finish); the pool's Worker
+        objects (LLM clients, the sandbox, sympy) are built once per gateway."""
+        runner = self._runners.get(champion.name)
+        if runner is None or runner.served is not champion.router:
+            if self._workers is None:
+                try:
+                    self._workers = build_workers(self.pool, self.cfg.local_base_url or None)
+                except RouteropsError as exc:
+                    raise RequestError(503, f"the orchestrator's workers cannot run here: {exc}", "server_error") from exc
+            runner = self._runners[champion.name] = OrchestraRunner(champion.router, self.pool, self.book, self._workers)
+        return runner
 
     def base_url(self, worker: str) -> str:
         spec = self.pool.worker(worker)
@@ -263,7 +291,7 @@ class Gateway:
                                usage.get("cached_tokens", 0)) if worker else 0.0)
         cost = min(cost, call.held.nusd / 1e9)  # never above what was reserved (store.settle caps it too)
         d = call.decision
-        query = flatten_messages(call.body["messages"]) if self.cfg.log_texts else ""
+        query = d.query_text if self.cfg.log_texts else ""  # what the router read (families.py)
         self.store.settle_later(call.held, cost, {
             "decision_id": d.decision_id, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "key_id": call.key.key_id, "router": d.router, "router_version": d.router_version,
@@ -279,6 +307,10 @@ class Gateway:
         for client in self._clients.values():
             await client.close()
         self._clients.clear()
+        for worker in (self._workers or {}).values():
+            if hasattr(worker, "aclose"):
+                await worker.aclose()
+        self._workers = None
         if self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -503,7 +535,11 @@ def create_app(gw: Gateway) -> FastAPI:
             raise RequestError(400, "the body must be a JSON object")
         if body.get("n", 1) != 1:
             raise RequestError(400, "`n` must be 1: one routed answer per request")
-        call = await gw.open_call(key, body)
+        champion = gw.resolve(body.get("model"))
+        if champion.family == ORCHESTRATOR:
+            return await answer_orchestrated(gw, key, body, champion, check_messages(body.get("messages")),
+                                             optional_number(body, "budget_usd", math.inf))
+        call = await gw.open_call(key, body, champion)
         return await (stream(gw, call) if body.get("stream") else complete(gw, call))
 
     @app.get("/v1/models")
@@ -513,7 +549,9 @@ def create_app(gw: Gateway) -> FastAPI:
         for model, name in [(AUTO, gw.cfg.routers[0])] + [(ROUTER_PREFIX + n, n) for n in gw.cfg.routers]:
             champion = gw.champions.current(name)
             data.append({"id": model, "object": "model", "created": 0, "owned_by": "routerops",
-                         "routerops": {"router": name, "version": champion.version if champion else None,
+                         "routerops": {"router": name, "family": champion.family if champion else None,
+                                       "router_family": getattr(champion.router, "family", None) if champion else None,
+                                       "version": champion.version if champion else None,
                                        "workers": champion.router.workers if champion else [],
                                        "loaded_at": champion.loaded_at if champion else None,
                                        "refused": gw.champions.refusals.get(name, [])}})

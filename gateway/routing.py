@@ -1,5 +1,6 @@
-"""One routing decision: every worker's estimated quality (the champion router) and worst-case cost
-(the price book), the budget rule, and the order to fall back in.
+"""One routing decision: every worker's estimated quality (the champion's family reads the request:
+gateway/families.py) and worst-case cost (the price book), the budget rule, and the order to fall back
+in. One rule for every family that routes a call (single-turn routers and MTRouter).
 
 Worst-case cost. The budget must hold before the call, when the answer's length is unknown, so a
 worker's cost is bounded by its price for an upper bound of the prompt's tokens and the request's
@@ -21,13 +22,15 @@ import random
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from evaluation.servable import cap_text
-from evaluation.serving import ServedRouter
 from routerops.pricing import PriceBook
+
+if TYPE_CHECKING:
+    from gateway.families import Estimate
 
 TEMPLATE_TOKENS_PER_MESSAGE = 8  # role markers and separators of a chat template
 TEMPLATE_TOKENS_FIXED = 16  # the generation prompt and BOS
@@ -90,7 +93,7 @@ class EmbeddingCache:
 @dataclass(frozen=True)
 class Candidate:
     worker: str
-    quality: float  # the router's estimate
+    quality: float  # the router's estimate: q̂(query, worker), or MTRouter's ŝ(h_t, worker); NaN: not scored
     worst_cost_usd: float  # price book × (prompt bound, max_tokens)
     affordable: bool
     utility: float  # quality − λ·cost for affordable workers, −inf otherwise
@@ -112,12 +115,15 @@ class Decision:
     order: list[str]  # chosen first, then the fallbacks
     max_tokens: int
     attempts: list[dict[str, Any]] = field(default_factory=list)  # one per worker tried
+    family: str = ""  # the champion's family (gateway/families.py): whose quality estimate this is
+    query_text: str = ""  # what the router read: the flattened user turns, or MTRouter's h_t (logged as `query`)
 
     def candidate(self, worker: str) -> Candidate:
         return next(c for c in self.candidates if c.worker == worker)
 
     def explanation(self) -> dict[str, Any]:
-        return {"router": self.router, "router_version": self.router_version, "budget_usd": self.budget_usd,
+        return {"router": self.router, "router_version": self.router_version, "family": self.family,
+                "budget_usd": self.budget_usd,
                 "key_remaining_usd": self.key_remaining_usd, "cost_weight": self.cost_weight,
                 "epsilon": self.epsilon, "chosen": self.chosen, "propensity": self.propensity,
                 "fallback_order": self.order[1:], "max_tokens": self.max_tokens,
@@ -129,17 +135,18 @@ def _finite(record: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in record.items()}
 
 
-def decide(router: ServedRouter, name: str, version: str, book: PriceBook, messages: list[dict[str, Any]],
+def decide(estimate: Estimate, name: str, version: str, book: PriceBook, messages: list[dict[str, Any]],
            systems: dict[str, str], max_tokens: int, budget_usd: float, key_remaining_usd: float,
            cost_weight: float = 0.0, epsilon: float = 0.0, rng: random.Random | None = None,
-           decision_id: str = "", embed: EmbeddingCache | None = None) -> Decision | None:
-    """The decision for one request, or None when no worker's worst case fits in the budget."""
-    query = flatten_messages(messages)
-    embeddings = embed(query)[None, :] if embed is not None else None
-    quality = router.quality(router.routing_data([query], embeddings))[0]
-    workers = router.workers
+           decision_id: str = "", family: str = "") -> Decision | None:
+    """The decision for one request from a family's quality estimate (gateway/families.py), or None
+    when the router stops or no worker's worst case fits in the budget. A worker the router gave no
+    score (NaN) is never chosen."""
+    if estimate.stop:
+        return None
+    workers, quality = list(estimate.workers), np.asarray(estimate.quality, dtype=float)
     worst = np.array([book.cost(w, prompt_token_bound(messages, systems.get(w, "")), max_tokens) for w in workers])
-    affordable = worst <= budget_usd
+    affordable = (worst <= budget_usd) & np.isfinite(quality)
     if not affordable.any():
         return None
     rank = np.argsort(np.argsort(worst, kind="stable"), kind="stable")  # exact ties go to the cheaper
@@ -149,9 +156,9 @@ def decide(router: ServedRouter, name: str, version: str, book: PriceBook, messa
     order = [chosen] + [w for w in order if w != chosen]
     candidates = [Candidate(w, float(quality[j]), float(worst[j]), bool(affordable[j]), float(utility[j]))
                   for j, w in enumerate(workers)]
-    return Decision(decision_id, name, version, hashlib.sha256(query.encode()).hexdigest()[:16], candidates,
-                    float(budget_usd), float(key_remaining_usd), float(cost_weight), float(epsilon), chosen,
-                    propensity, order, int(max_tokens))
+    return Decision(decision_id, name, version, hashlib.sha256(estimate.query.encode()).hexdigest()[:16],
+                    candidates, float(budget_usd), float(key_remaining_usd), float(cost_weight), float(epsilon),
+                    chosen, propensity, order, int(max_tokens), family=family, query_text=estimate.query)
 
 
 def _explore(order: list[str], epsilon: float, rng: random.Random) -> tuple[str, float]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import time
 from pathlib import Path
 
@@ -21,15 +20,13 @@ import pytest
 
 from evaluation.registry import CHAMPION_ALIAS, register
 from evaluation.serving import ServedRouter
-from gateway.app import Gateway, GatewayConfig, create_app
+from gateway.app import Gateway, GatewayConfig
 from gateway.routing import prompt_token_bound
 from gateway.store import period_start, read_decisions
 from models.base import RoutingData
 from models.baselines import LogisticRouter, QueryFeaturizer
-from routerops.config import TrackConfig
 from routerops.pricing import load_pool, load_price_book
-from routerops.workers.chaos import _BackgroundServer
-from routerops.workers.server import free_port, local_llm_server
+from routerops.workers.server import free_port
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -78,48 +75,19 @@ def set_champion(version: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def llm_url():
-    with local_llm_server(n_ctx=512) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    """A real MLflow registry (temp SQLite store) holding version 1 of the router as champion."""
-    import mlflow
-
-    from evaluation.tracking import use_tracking
-
-    tmp = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")}
-    os.environ["MLFLOW_TRACKING_URI"] = uri
-    os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
-    use_tracking(TrackConfig(tracking_uri=uri, artifact_root=str(tmp / "artifacts"), experiment="gateway-test"))
+def registry(mlflow_registry):
+    """The module's MLflow registry (tests/gateway/conftest.py) holding version 1 of the router as champion."""
     first = register_surface_router()
     set_champion(first.version)
-    yield first
-    mlflow.set_tracking_uri(None)
-    for key, value in saved.items():
-        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
-
-
-def serve(gw: Gateway):
-    gw.champions.start(interval_s=gw.cfg.watch_interval_s)
-    server = _BackgroundServer(create_app(gw))
-    server.start()
-    return server, f"http://127.0.0.1:{server.port}/v1"
+    return first
 
 
 @pytest.fixture(scope="module")
-def gateway(llm_url, registry, tmp_path_factory):
+def gateway(llm_url, registry, serve_gateway, tmp_path_factory):
     db = tmp_path_factory.mktemp("gateway") / "gateway.db"
     cfg = GatewayConfig(routers=(NAME,), db_url=f"sqlite:///{db}", local_base_url=llm_url, watch_interval_s=0.2)
     gw = Gateway(cfg, POOL, BOOK)
-    server, url = serve(gw)
-    yield gw, url
-    server.stop()
-    gw.champions.stop()
+    return gw, serve_gateway(gw)
 
 
 def client(url: str, key: str) -> openai.OpenAI:
@@ -271,25 +239,21 @@ def test_a_tight_request_budget_routes_to_the_cheaper_worker(gateway):
 # ---------------------------------------------------------------- fallback and hot-swap
 
 
-def test_a_dead_worker_falls_back_to_the_next_best_and_is_recorded(llm_url, registry, tmp_path):
+def test_a_dead_worker_falls_back_to_the_next_best_and_is_recorded(llm_url, registry, serve_gateway, tmp_path):
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there: connection refused
     pool = dataclasses.replace(POOL, workers=tuple(
         dataclasses.replace(w, endpoint=dead, timeout_s=5) if w.name == "smol-cot" else w for w in POOL.workers))
     cfg = GatewayConfig(routers=(NAME,), db_url=f"sqlite:///{tmp_path / 'gw.db'}", local_base_url=llm_url)
     gw = Gateway(cfg, pool, BOOK)
-    server, url = serve(gw)
-    try:
-        key, _ = gw.store.create_key(1.0, "day")
-        raw = client(url, key).chat.completions.with_raw_response.create(model="auto", messages=CAPITAL,
-                                                                          max_tokens=MAX_TOKENS)
-        extra = raw.parse().model_extra["routerops"]
-        assert raw.headers["x-routerops-worker"] == "smol-direct" and extra["chosen"] == "smol-cot"
-        assert extra["fallbacks"][0]["worker"] == "smol-cot" and "connection" in extra["fallbacks"][0]["error"]
-        record = gw.store.decision(extra["decision_id"])
-        assert record["explanation"]["fell_back"] and record["worker"] == "smol-direct"
-    finally:
-        server.stop()
-        gw.champions.stop()
+    url = serve_gateway(gw)
+    key, _ = gw.store.create_key(1.0, "day")
+    raw = client(url, key).chat.completions.with_raw_response.create(model="auto", messages=CAPITAL,
+                                                                      max_tokens=MAX_TOKENS)
+    extra = raw.parse().model_extra["routerops"]
+    assert raw.headers["x-routerops-worker"] == "smol-direct" and extra["chosen"] == "smol-cot"
+    assert extra["fallbacks"][0]["worker"] == "smol-cot" and "connection" in extra["fallbacks"][0]["error"]
+    record = gw.store.decision(extra["decision_id"])
+    assert record["explanation"]["fell_back"] and record["worker"] == "smol-direct"
 
 
 def test_swapping_the_champion_under_load_drops_no_request_and_refuses_a_misfit(gateway):

@@ -1,0 +1,210 @@
+"""Orchestrator champions (paper 004): one chat request is one controller episode.
+
+The chat becomes the task (`chat_task`); the executor (routerops/orchestra/executor.py) plays the
+served controller's turns through the gateway's own workers: plans, routes, parallel blind subtask
+calls, observations, until a <final_answer>, the turn limit T_max or the budget (004 §4, App. A.7).
+The final answer is the assistant message; `usage` sums every call of the episode (the controller's
+turns and the workers'), and the decision lists each call with its worker and cost.
+
+Budget. An episode's cost is unknown until it ends, so its worst case is reserved: the controller's
+per-episode budget B (what it was trained under: it is in its system prompt), capped by the key's
+remaining budget and the request's `budget_usd`. The executor checks B before every controller turn
+and worker call (dispatch.py), so the episode never spends more than was reserved; the reservation
+is settled with the episode's real cost. A budget that cannot cover the controller's first turn is a
+429, as a single-turn request that no worker fits.
+
+Streaming returns the whole answer as one chunk once the episode has ended (the answer is only known
+then), followed by the usual chunk with `usage` and `routerops`. `max_tokens` and the sampling fields
+of the request are not passed on: each call of the episode uses the controller's and the workers' own
+settings (the controller's T_max and budget bound the whole).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from gateway.errors import RequestError
+from gateway.families import content_text
+from gateway.store import BudgetRefused, KeyInfo
+from routerops import schema
+from routerops.orchestra.executor import EpisodeResult, Executor, ExecutorConfig, opening, worker_labels
+from routerops.pricing import Pool
+from routerops.rollout import prompt_token_bound
+from routerops.types import Task
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+    from gateway.champion import Champion
+
+log = logging.getLogger(__name__)
+SUITE, SPLIT = "gateway", "serve"  # the episode's task is a live request: no suite, no reference answer
+
+
+def chat_task(messages: list[dict[str, Any]]) -> str:
+    """The task the controller plans for. One user message: its text, as in training (004: the task is
+    the first user message after the system prompt). A longer chat: its user and assistant turns as a
+    transcript, so the last request is read in its context. The client's system messages are left
+    out: the controller's system prompt is the grammar and the pool (004 App. F.1), and a second one
+    would contradict it."""
+    turns = [(m.get("role"), content_text(m.get("content"))) for m in messages if m.get("role") in ("user", "assistant")]
+    if not any(role == "user" and text.strip() for role, text in turns):
+        raise RequestError(400, "an orchestrator champion needs a user message: the task it plans for")
+    if len(turns) == 1:
+        return turns[0][1]
+    return "\n\n".join(f"{'User' if role == 'user' else 'Assistant'}: {text}" for role, text in turns)
+
+
+def no_reference(task: Task, answer: str | None) -> float:
+    """A live request has no reference answer to score: the episode's score is unknown (NaN)."""
+    return math.nan
+
+
+class OrchestraRunner:
+    """Runs one served orchestrator's episodes over the gateway's pool, workers and price book."""
+
+    def __init__(self, served, pool: Pool, book, workers: dict[str, Any]):
+        routed = {w for w, _ in served.pool.admissible_pairs()}
+        # The pool the controller sees: the gateway's endpoints, limited to the workers it was trained on.
+        self.pool = dataclasses.replace(pool, workers=tuple(w for w in pool.workers if w.name in routed))
+        self.served, self.book, self.workers = served, book, workers
+        self.controller = served.controller
+
+    def config(self, budget_usd: float) -> ExecutorConfig:
+        limits = self.served.limits
+        # The controller cannot write more than max_new_tokens: its turns' worst case assumes that.
+        return ExecutorConfig(budget_usd=budget_usd, turn_limit=limits.turn_limit, prompt=limits.prompt,
+                              controller_max_tokens=int(self.controller.settings.max_new_tokens))
+
+    def first_turn_worst_usd(self, task: str, budget_usd: float) -> float:
+        """The controller's first turn at its worst: what the executor reserves before calling it."""
+        config = self.config(budget_usd)
+        _, messages = opening(self.pool, self.book, config, task, worker_labels(self.pool, False, None))
+        prompt = prompt_token_bound(messages)
+        return max(self.book.cost(self.controller.name, prompt, config.controller_max_tokens, c) for c in (0, prompt))
+
+    async def run(self, task: str, budget_usd: float, episode_key: str) -> EpisodeResult:
+        executor = Executor(self.pool, self.workers, self.book, self.config(budget_usd), verifier=no_reference)
+        item = Task(hashlib.sha256(task.encode()).hexdigest()[:16], SUITE, SPLIT, task, "")
+        return await executor.run_episode(item, self.controller, run_id=episode_key, seed=0)
+
+
+# ---------------------------------------------------------------- one request
+
+
+async def answer_orchestrated(gw: Gateway, key: KeyInfo, body: dict[str, Any], champion: Champion,
+                              messages: list[dict[str, Any]], request_budget: float):
+    """Reserve the episode's worst case, run it, settle the real cost, log it, answer (module docstring)."""
+    task = chat_task(messages)
+    runner = gw.orchestra_runner(champion)
+    remaining = await gw.store.aremaining_usd(key)
+    budget = min(runner.served.limits.budget_usd, remaining, request_budget)
+    first = runner.first_turn_worst_usd(task, budget)
+    if first > budget:
+        raise RequestError(429, f"over budget: the orchestrator's episode budget here is ${budget:.6g} (its own "
+                                f"${runner.served.limits.budget_usd:.6g}, key {key.key_id} has ${remaining:.6g} "
+                                f"left of ${key.budget_usd:.6g} per {key.period}), and its first turn may cost up "
+                                f"to ${first:.6g}", "insufficient_quota", "budget_exceeded")
+    try:
+        held = await gw.store.areserve(key, budget)
+    except BudgetRefused:
+        raise RequestError(429, f"key {key.key_id}: concurrent requests used the remaining budget",
+                           "insufficient_quota", "budget_exceeded") from None
+    decision_id, started = uuid.uuid4().hex, time.monotonic()
+    base = {"decision_id": decision_id, "key_id": key.key_id, "router": champion.name,
+            "router_version": champion.version, "price_book_version": gw.book.version,
+            "query_id": hashlib.sha256(task.encode()).hexdigest()[:16],
+            "query": task if gw.cfg.log_texts else "", "chosen": runner.controller.name, "propensity": 1.0}
+    try:
+        result = await runner.run(task, budget, decision_id)
+    except BaseException as exc:  # cancelled or failed mid-episode: calls were made, their costs unknown
+        gw.store.settle_later(held, budget, {**base, **failed_record(exc, budget, remaining, started)})
+        raise
+    episode = result.episode
+    cost = min(float(episode["cost_usd"]), budget)
+    explanation = episode_explanation(champion, result, budget, remaining, cost)
+    gw.store.settle_later(held, cost, {
+        **base, "created_at": _utc_now(), "worker": runner.controller.name, "explanation": explanation,
+        "status": "ok" if episode["ended_by"] == schema.END_DONE else str(episode["ended_by"]),
+        "prompt_tokens": int(episode["prompt_tokens"]), "completion_tokens": int(episode["completion_tokens"]),
+        "cost_usd": cost, "usage_source": "worker",
+        "response": episode["final_answer"] if gw.cfg.log_texts else "", "latency_s": time.monotonic() - started})
+    extra = {"decision_id": decision_id, "router": champion.name, "router_version": champion.version,
+             "family": champion.family, "chosen": runner.controller.name, "worker": runner.controller.name,
+             "cost_usd": cost, "reserved_usd": budget, "ended_by": episode["ended_by"], "calls": explanation["calls"],
+             "propensity": 1.0, "scores": {}, "price_book_version": gw.book.version}
+    if body.get("explain"):
+        extra["explanation"] = explanation
+    headers = {"x-routerops-decision-id": decision_id, "x-routerops-worker": runner.controller.name,
+               "x-routerops-router": f"{champion.name}@{champion.version}", "x-routerops-cost-usd": f"{cost:.9f}",
+               "x-routerops-reserved-usd": f"{budget:.9f}", "x-routerops-fallbacks": "0",
+               "x-routerops-calls": ",".join(c["worker"] for c in explanation["calls"]),
+               "x-routerops-ended-by": str(episode["ended_by"])}
+    completion = completion_body(body, decision_id, episode, extra)
+    if body.get("stream"):
+        return StreamingResponse(one_chunk_stream(completion), media_type="text/event-stream", headers=headers)
+    return JSONResponse(completion, headers=headers)
+
+
+def episode_explanation(champion: Champion, result: EpisodeResult, budget: float, remaining: float,
+                        cost: float) -> dict[str, Any]:
+    """Each call of the episode (controller turns and worker calls) with its worker, tokens and cost,
+    and every worker's share of the cost."""
+    calls = [{"actor": t["actor"], "worker": t["worker"], "primitive": t["primitive"], "subtask_id": t["subtask_id"],
+              "prompt_tokens": int(t["prompt_tokens"]), "completion_tokens": int(t["completion_tokens"]),
+              "cost_usd": float(t["cost_usd"]), "errors": json.loads(t["errors"])} for t in result.turns]
+    share: dict[str, float] = {}
+    for call in calls:
+        share[call["worker"]] = share.get(call["worker"], 0.0) + call["cost_usd"]
+    episode = result.episode
+    return {"router": champion.name, "router_version": champion.version, "family": champion.family,
+            "budget_usd": budget, "key_remaining_usd": remaining,
+            "controller_budget_usd": champion.router.limits.budget_usd, "turn_limit": episode["turn_limit"],
+            "ended_by": episode["ended_by"], "error": episode["error"], "mode": episode["mode"],
+            "malformed_turns": result.malformed_turns, "calls": calls, "cost_usd": cost,
+            "cost_share": {w: c / cost for w, c in share.items() if cost > 0 and c > 0}}
+
+
+def failed_record(exc: BaseException, budget: float, remaining: float, started: float) -> dict[str, Any]:
+    """The decision-log row of an episode that did not finish: charged its whole reservation."""
+    return {"created_at": _utc_now(), "worker": "", "status": "error",
+            "explanation": {"family": "orchestrator", "budget_usd": budget, "key_remaining_usd": remaining,
+                            "error": f"{type(exc).__name__}: {str(exc)[:300]}", "calls": []},
+            "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": budget, "usage_source": "estimated",
+            "response": "", "latency_s": time.monotonic() - started}
+
+
+def completion_body(body: dict[str, Any], decision_id: str, episode: dict[str, Any],
+                    extra: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI chat.completion: the final answer; `length` when T_max or the budget ended it first."""
+    finish = "stop" if episode["ended_by"] == schema.END_DONE else "length"
+    prompt, completion = int(episode["prompt_tokens"]), int(episode["completion_tokens"])
+    return {"id": f"chatcmpl-{decision_id}", "object": "chat.completion", "created": int(time.time()),
+            "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": episode["final_answer"]},
+                         "finish_reason": finish}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+            "routerops": extra}
+
+
+async def one_chunk_stream(completion: dict[str, Any]):
+    """The answer as one content chunk, then the chunk with usage and routerops (module docstring)."""
+    head = {k: completion[k] for k in ("id", "created", "model")}
+    choice = completion["choices"][0]
+    yield "data: " + json.dumps({**head, "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": choice["message"], "finish_reason": choice["finish_reason"]}]}) + "\n\n"
+    yield "data: " + json.dumps({**head, "object": "chat.completion.chunk", "choices": [],
+                                 "usage": completion["usage"], "routerops": completion["routerops"]}) + "\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
