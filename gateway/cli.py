@@ -21,12 +21,13 @@ QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")  # the worker calls
 
 
 def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
-    gateway = sub.add_parser("gateway", help="serve the champion router behind an OpenAI-compatible API")
+    gateway = sub.add_parser("gateway", help="serve the champion routers behind an OpenAI-compatible API")
     commands = gateway.add_subparsers(dest="gateway_command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway (uvicorn)")
     serve.add_argument("--router", action="append", required=True, dest="routers",
-                       help="registered router name to serve (repeatable; the first is model 'auto')")
+                       help="registered name to serve: a single-turn router, an MTRouter or the orchestrator "
+                            "(repeatable; the first is model 'auto')")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--tracking-uri", default=None,
