@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     from models.embeddings import shared_vectors
     from evaluation.replay import run_replay_benchmark
 
+    load_at_start = os.getloadavg()  # other jobs on the machine stretch every phase; say how busy it was
     wall = time.perf_counter()
     table = build_table(args.n_queries, args.shared if args.shared.is_dir() else None)
     build_s = time.perf_counter() - wall
@@ -206,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "leaderboard": board[[c for c in ("router", "aiq", "apgr", "apgr_seed_std") if c in board.columns]]
         .round(4).to_dict(orient="records"),
+        "load_average_1_5_15min": {"start": [round(x, 2) for x in load_at_start],
+                                   "end": [round(x, 2) for x in os.getloadavg()]},
         "cpu": cpu_flags(),
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
     }

@@ -67,6 +67,33 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+class FirstLayerOnFrozenHistory(torch.autograd.Function):
+    """f_θ's first layer W·[z_x; z_a] + b, whose backward skips the gradient with respect to z_x.
+
+    φ is frozen (§3.3), so z_x needs no gradient; but z_a does (ψ trains jointly), and autograd,
+    seeing a concatenation that requires grad, computed the whole (batch × 4.5k) input gradient to
+    keep its last 64 columns: a third of the first layer's arithmetic, which is most of a step on a
+    single-turn table's 4,486-wide z_x. Forward and the kept gradients are computed with the very
+    operations autograd's linear (addmm) backward uses (grad_W = gᵀ·x, grad_b = Σ g, grad_za =
+    g·W[:, d:], a column slice of its g·W), so training is unchanged to the bit on this CPU
+    (tests/models/mtrouter/test_estimator_first_layer.py compares both against autograd's).
+    """
+
+    @staticmethod
+    def forward(ctx, zx: torch.Tensor, za: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([zx, za], dim=-1)
+        ctx.save_for_backward(x, weight)
+        ctx.history_width = zx.shape[-1]
+        return nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_za = grad.mm(weight[:, ctx.history_width:]) if ctx.needs_input_grad[1] else None
+        grad_zx = grad.mm(weight[:, : ctx.history_width]) if ctx.needs_input_grad[0] else None
+        return grad_zx, grad_za, grad.t().mm(x), grad.sum(0)
+
+
 class OutcomeNet(nn.Module):
     """f_θ([z_x; ψ(a)]) → scalar (eq. 4)."""
 
@@ -82,7 +109,11 @@ class OutcomeNet(nn.Module):
         self.backbone = nn.Sequential(*layers)
 
     def forward(self, zx: torch.Tensor, model_idx: torch.Tensor) -> torch.Tensor:
-        return self.backbone(torch.cat([zx, self.model_encoder(model_idx)], dim=-1)).squeeze(-1)
+        first, *rest = self.backbone
+        h = FirstLayerOnFrozenHistory.apply(zx, self.model_encoder(model_idx), first.weight, first.bias)
+        for layer in rest:
+            h = layer(h)
+        return h.squeeze(-1)
 
     def score_candidates(self, zx: torch.Tensor, model_idx: torch.Tensor) -> torch.Tensor:
         """One history (d,) against c candidates in one batch: z_x is computed once and broadcast."""

@@ -90,3 +90,26 @@ def test_remembered_vectors_are_served_without_running_the_encoder(fresh_process
     remember_vectors(encoder.cache_id, texts, vectors)
     np.testing.assert_array_equal(encoder.encode(texts), vectors)
     assert encoder.embedded == 0
+
+
+def test_int8_bulk_vectors_are_bit_identical_to_one_query_serving(tmp_path):
+    """The exact-vector guarantee MTRouter and the baselines rely on: a replay embeds a table through
+    the bulk path (one text per call, several calls at once on single-threaded sessions), a served
+    router embeds one query through the encoder's own multi-threaded session. Both must give the very
+    same float32 vector, not one within a tolerance: routing compares those vectors' scores."""
+    import torch
+
+    texts = ["ok", "What is 2 + 2?",
+             "A train leaves at 3 pm and travels 120 miles at 40 miles per hour. When does it arrive? " * 9,
+             "Janet's ducks lay 16 eggs per day. She eats three for breakfast and bakes muffins with four."]
+    encoder = SentenceEncoder(cache_dir=tmp_path, use_cache=False, backend="onnx-int8", max_seq_length=256)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the bulk path runs where more than one thread is allowed
+    try:
+        model = encoder._load_onnx()
+        bulk = model.encode(texts, encoder.batch_size)
+    finally:
+        torch.set_num_threads(threads)
+    assert model._bulk_session is not None  # the parallel single-threaded path really ran
+    served = np.concatenate([model.encode([t], 1) for t in texts])  # one query at a time, as serving
+    np.testing.assert_array_equal(bulk, served)
