@@ -73,6 +73,7 @@ class GatewayConfig:
     cost_weight: float = 0.0  # λ: 0 = the best affordable worker; > 0 trades quality for cost
     epsilon: float = 0.0  # exploration: P(a uniformly drawn affordable worker), logged as propensity
     log_texts: bool = True  # keep the query and response texts in the decision log (training data)
+    hold_lease_s: float = 3600.0  # a budget hold not settled by then is a dead process's: released (store.py)
 
     def __post_init__(self) -> None:
         if not self.routers:
@@ -129,7 +130,7 @@ class Gateway:
         self.pool = pool or load_pool(cfg.pool_file)
         self.book = book or load_price_book(cfg.price_book)
         check_pool_priced(self.pool, self.book, cfg.price_book)
-        self.store = store or Store(cfg.db_url)
+        self.store = store or Store(cfg.db_url, hold_lease_s=cfg.hold_lease_s)
         self.champions = champions or Champions(list(cfg.routers), self.pool, self.book)
         self.systems = {w.name: str(w.generation.get("system", "")) for w in self.pool.workers}
         self._clients: dict[str, openai.AsyncOpenAI] = {}

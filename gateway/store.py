@@ -25,9 +25,16 @@ asked for after a write sees it. The gateway does not wait for a settlement (and
 row): the answer goes out while the thread writes; until then the reservation still holds the worst
 case, so a late settlement only ever under-states what is left. `Store.close()` (the app's shutdown,
 and an exit hook) runs every queued write before it returns: nothing queued is lost on shutdown; a
-killed process (SIGKILL, power loss) loses the settlements still queued, whose reservations then stay
-held, never released as spent-free budget. The statements are built once (SQLAlchemy compiles them
-once and caches them), not per call.
+killed process (SIGKILL, power loss) loses the settlements still queued.
+
+Holds. Each reservation is also a row of `gateway_holds` (written in the reservation's transaction,
+deleted in its settlement's) with a lease, `hold_lease_s` (an hour by default, far longer than any
+request). A hold whose lease has run out belongs to a process that died before settling it: any
+gateway sharing the database releases it (`release_expired_holds`, at its first reservation and
+then every SWEEP_EVERY_S), so a crash withholds budget for one lease at most, never for good. Whoever deletes
+the hold row releases its amount, once: a settlement that finds its hold already swept (a request
+that outlived its lease) charges the cost and releases nothing. The statements are built once
+(SQLAlchemy compiles them once and caches them), not per call.
 
 Decision log: one row per routed request (`gateway_decisions`, schema in DECISION_COLUMNS below and in
 the README), readable back as bandit feedback (`read_decisions`): the worker that was called, the
@@ -80,6 +87,14 @@ spend_table = sa.Table(
     sa.Column("spent_nusd", sa.BigInteger, nullable=False, default=0),
     sa.Column("reserved_nusd", sa.BigInteger, nullable=False, default=0),
 )
+holds_table = sa.Table(
+    "gateway_holds", metadata,
+    sa.Column("hold_id", sa.String(32), primary_key=True),
+    sa.Column("key_id", sa.String(32), nullable=False),
+    sa.Column("period", sa.String(32), nullable=False),
+    sa.Column("nusd", sa.BigInteger, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False, index=True),  # Unix time: the lease's end
+)
 decisions_table = sa.Table(
     "gateway_decisions", metadata,
     sa.Column("decision_id", sa.String(40), primary_key=True),
@@ -107,6 +122,8 @@ DECISION_COLUMNS = tuple(c.name for c in decisions_table.columns)
 # INSERT ... ON CONFLICT DO NOTHING, where the database has it (see Store._ensure_spend_row).
 INSERT_IF_ABSENT = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 KEY_CACHE_S = 5.0
+HOLD_LEASE_S = 3600.0  # a reservation not settled within this is a dead process's (module docstring)
+SWEEP_EVERY_S = 60.0  # how often a serving gateway looks for expired holds
 
 
 def _statements() -> dict[str, Any]:
@@ -124,6 +141,12 @@ def _statements() -> dict[str, Any]:
         "hold": spend_table.update().where(row, fits).values(reserved_nusd=spend_table.c.reserved_nusd + amount),
         "settle": spend_table.update().where(row).values(reserved_nusd=spend_table.c.reserved_nusd - amount,
                                                          spent_nusd=spend_table.c.spent_nusd + charge),
+        "charge": spend_table.update().where(row).values(spent_nusd=spend_table.c.spent_nusd + charge),
+        "open_hold": holds_table.insert(),
+        "find_hold": sa.select(holds_table.c.hold_id).where(holds_table.c.hold_id == sa.bindparam("b_hold")),
+        "resize_hold": holds_table.update().where(holds_table.c.hold_id == sa.bindparam("b_hold")).values(
+            nusd=sa.bindparam("b_nusd", type_=sa.BigInteger), expires_at=sa.bindparam("b_expires")),
+        "close_hold": holds_table.delete().where(holds_table.c.hold_id == sa.bindparam("b_hold")),
         "log": decisions_table.insert(),
     }
 
@@ -168,6 +191,7 @@ class Reservation:
     key_id: str
     period: str
     nusd: int
+    hold_id: str = ""
 
 
 class BudgetRefused(Exception):
@@ -178,7 +202,7 @@ class Store:
     """Keys, budgets and decisions in one database; every operation runs on the store's own thread
     (see the module docstring), so a Store is safe to share between threads and event loops."""
 
-    def __init__(self, url: str, key_cache_s: float = KEY_CACHE_S):
+    def __init__(self, url: str, key_cache_s: float = KEY_CACHE_S, hold_lease_s: float = HOLD_LEASE_S):
         if not isinstance(url, str) or "://" not in url:
             raise InputError("gateway config", "db_url", f"expected an SQLAlchemy URL such as sqlite:///gateway.db, "
                                                           f"got {url!r}")
@@ -188,6 +212,10 @@ class Store:
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
         metadata.create_all(self.engine)
         self.key_cache_s = key_cache_s
+        if not hold_lease_s > 0:
+            raise InputError("gateway config", "hold_lease_s", f"expected a number > 0, got {hold_lease_s!r}")
+        self.hold_lease_s = float(hold_lease_s)
+        self._next_sweep = 0.0  # time.monotonic() of the next look for expired holds (0: the first reservation)
         self._keys: dict[str, tuple[KeyInfo, float]] = {}  # sha256 → (verified record, until when)
         self._spend_rows: set[tuple[str, str]] = set()  # (key, period) rows known to exist
         self._ops: queue.SimpleQueue = queue.SimpleQueue()
@@ -294,15 +322,21 @@ class Store:
         return self._reserved(held, await self.arun(reserve))
 
     def _reserve(self, key: KeyInfo, worst_usd: float) -> tuple[Reservation, Callable[[sa.Connection], int]]:
-        held = Reservation(key.key_id, period_start(key.period), to_nano(worst_usd))
+        self._sweep_if_due()
+        held = Reservation(key.key_id, period_start(key.period), to_nano(worst_usd), secrets.token_hex(16))
         args = {"b_key": held.key_id, "b_period": held.period, "b_amount": held.nusd,
                 "b_budget": to_nano(key.budget_usd)}
+        hold = {"hold_id": held.hold_id, "key_id": held.key_id, "period": held.period, "nusd": held.nusd,
+                "expires_at": time.time() + self.hold_lease_s}
         known = (held.key_id, held.period) in self._spend_rows
 
         def reserve(conn: sa.Connection) -> int:
             if not known:
                 self._ensure_spend_row(conn, held.key_id, held.period)
-            return conn.execute(STATEMENTS["hold"], args).rowcount
+            rowcount = conn.execute(STATEMENTS["hold"], args).rowcount
+            if rowcount == 1:
+                conn.execute(STATEMENTS["open_hold"], hold)
+            return rowcount
         return held, reserve
 
     def _reserved(self, held: Reservation, rowcount: int) -> Reservation:
@@ -318,17 +352,30 @@ class Store:
     async def aresize(self, held: Reservation, worst_usd: float, budget_usd: float) -> Reservation:
         return self._resized(held, worst_usd, await self.arun(self._resize(held, worst_usd, budget_usd)))
 
-    @staticmethod
-    def _resize(held: Reservation, worst_usd: float, budget_usd: float) -> Callable[[sa.Connection], int]:
-        args = {"b_key": held.key_id, "b_period": held.period, "b_amount": to_nano(worst_usd) - held.nusd,
-                "b_budget": to_nano(budget_usd)}
-        return lambda conn: conn.execute(STATEMENTS["hold"], args).rowcount
+    def _resize(self, held: Reservation, worst_usd: float, budget_usd: float) -> Callable[[sa.Connection], int]:
+        new_nusd = to_nano(worst_usd)
+        hold = {"b_hold": held.hold_id, "b_nusd": new_nusd, "b_expires": time.time() + self.hold_lease_s}
+
+        def resize(conn: sa.Connection) -> int:
+            # A hold already swept (the request outlived its lease) holds nothing: reserve all of it again.
+            swept = conn.execute(STATEMENTS["find_hold"], {"b_hold": held.hold_id}).first() is None
+            args = {"b_key": held.key_id, "b_period": held.period, "b_budget": to_nano(budget_usd),
+                    "b_amount": new_nusd if swept else new_nusd - held.nusd}
+            rowcount = conn.execute(STATEMENTS["hold"], args).rowcount
+            if rowcount == 1 and swept:
+                conn.execute(STATEMENTS["open_hold"], {"hold_id": held.hold_id, "key_id": held.key_id,
+                                                       "period": held.period, "nusd": new_nusd,
+                                                       "expires_at": hold["b_expires"]})
+            elif rowcount == 1:
+                conn.execute(STATEMENTS["resize_hold"], hold)
+            return rowcount
+        return resize
 
     @staticmethod
     def _resized(held: Reservation, worst_usd: float, rowcount: int) -> Reservation:
         if rowcount != 1:
             raise BudgetRefused(held.period)
-        return Reservation(held.key_id, held.period, to_nano(worst_usd))
+        return Reservation(held.key_id, held.period, to_nano(worst_usd), held.hold_id)
 
     def settle(self, held: Reservation, cost_usd: float, decision: dict[str, Any] | None = None) -> None:
         """Release the reservation and charge the real cost, capped at what was reserved: the cap
@@ -344,12 +391,27 @@ class Store:
         row = _decision_row(decision) if decision is not None else None
 
         def settle(conn: sa.Connection) -> None:
-            conn.execute(STATEMENTS["settle"], args)
+            # Whoever deletes the hold releases its amount (module docstring: a swept hold is not released twice).
+            closed = not held.hold_id or conn.execute(STATEMENTS["close_hold"], {"b_hold": held.hold_id}).rowcount == 1
+            conn.execute(STATEMENTS["settle" if closed else "charge"], args)
             if row is not None:
                 conn.execute(STATEMENTS["log"], row)
         future = self.submit(settle)
         future.add_done_callback(_log_failure)
         return future
+
+    def release_expired_holds(self, now: float | None = None) -> int:
+        """Release every hold whose lease has run out by `now` (Unix time; default: now): a process
+        that died before settling it. The number released. Safe with several gateways on one database:
+        each hold is released by the one that deletes its row."""
+        return self.run(lambda conn: _release_expired(conn, now))
+
+    def _sweep_if_due(self) -> None:
+        """Queue a sweep of expired holds every SWEEP_EVERY_S (not waited for: it runs on the store's thread)."""
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._next_sweep = now + SWEEP_EVERY_S
+            self.submit(_release_expired).add_done_callback(_log_failure)
 
     @staticmethod
     def _ensure_spend_row(conn: sa.Connection, key_id: str, period: str) -> None:
@@ -396,6 +458,22 @@ def _serve(engine: sa.Engine, ops: queue.SimpleQueue) -> None:
             future.set_exception(exc)
         else:
             future.set_result(result)
+
+
+def _release_expired(conn: sa.Connection, now: float | None = None) -> int:
+    now = time.time() if now is None else now
+    # In one order everywhere: replicas sweeping together lock the rows in the same sequence (no deadlock).
+    expired = conn.execute(sa.select(holds_table).where(holds_table.c.expires_at < now)
+                           .order_by(holds_table.c.hold_id)).all()
+    released = 0
+    for hold in expired:
+        if conn.execute(STATEMENTS["close_hold"], {"b_hold": hold.hold_id}).rowcount == 1:
+            conn.execute(STATEMENTS["settle"], {"b_key": hold.key_id, "b_period": hold.period, "b_amount": hold.nusd,
+                                                "b_charge": 0})
+            released += 1
+    if released:
+        log.warning("released %d expired budget holds (a gateway stopped before settling them)", released)
+    return released
 
 
 def _lookup(conn: sa.Connection, digest: str) -> KeyInfo | None:

@@ -1,13 +1,19 @@
 """Keys and budgets on a real SQLite database: hashed keys, atomic reservations under thread races,
 settlement capped at the reservation, the cache of verified keys, settlements queued off the request
-path and all written by close(), and the `routerops gateway keys create` command."""
+path and all written by close(), holds of a killed process released when their lease runs out, and
+the `routerops gateway keys create` command."""
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -91,3 +97,44 @@ def test_queued_settlements_are_written_in_order_and_all_of_them_by_close(tmp_pa
     assert all(f.done() and f.exception() is None for f in futures)
     assert store.spend(key.key_id, "total") == (pytest.approx(50 * 5e-4), 0.0)  # a new thread serves after close
     assert len(read_decisions(f"sqlite:///{tmp_path / 'gw.db'}", graded_only=False)) == 50
+
+
+KILLED_GATEWAY = """
+import os, signal, sys
+from gateway.store import Store
+store = Store(sys.argv[1])
+store.reserve(store.lookup(sys.argv[2]), 4e-4)  # a call in flight ...
+os.kill(os.getpid(), signal.SIGKILL)  # ... when the process is killed: no settlement, no shutdown
+"""
+
+
+def test_a_killed_gateways_hold_is_released_when_its_lease_runs_out(tmp_path):
+    url = f"sqlite:///{tmp_path / 'gw.db'}"
+    store = Store(url)
+    key, info = store.create_key(1e-3, "total")
+    root = Path(__file__).resolve().parents[2]
+    killed = subprocess.run([sys.executable, "-c", KILLED_GATEWAY, url, key], cwd=root,
+                            env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True)
+    assert killed.returncode == -9, killed.stderr.decode()[-2000:]
+    assert store.spend(info.key_id, "total") == (0.0, pytest.approx(4e-4))  # withheld by the dead process
+    assert store.release_expired_holds() == 0  # its lease (an hour) has not run out
+    assert store.remaining_usd(info) == pytest.approx(6e-4)
+    assert store.release_expired_holds(now=time.time() + store.hold_lease_s + 1) == 1
+    assert store.spend(info.key_id, "total") == (0.0, 0.0) and store.remaining_usd(info) == pytest.approx(1e-3)
+    assert store.release_expired_holds(now=time.time() + store.hold_lease_s + 1) == 0  # released once
+
+
+def test_a_request_that_outlives_its_lease_is_charged_but_released_only_once(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'gw.db'}")
+    _, key = store.create_key(1e-3, "total")
+    held = store.reserve(key, 2e-4)
+    assert store.release_expired_holds(now=time.time() + store.hold_lease_s + 1) == 1  # swept while in flight
+    assert store.spend(key.key_id, "total") == (0.0, 0.0)
+    held = store.resize(held, 3e-4, key.budget_usd)  # a fallback: the swept hold is reserved afresh, in full
+    assert store.spend(key.key_id, "total") == (0.0, pytest.approx(3e-4))
+    store.settle(held, 1e-4)
+    assert store.spend(key.key_id, "total") == (pytest.approx(1e-4), 0.0)
+    other = store.reserve(key, 2e-4)
+    assert store.release_expired_holds(now=time.time() + store.hold_lease_s + 1) == 1
+    store.settle(other, 5e-5)  # its hold was swept: the cost is charged, nothing is released twice
+    assert store.spend(key.key_id, "total") == (pytest.approx(1.5e-4), 0.0)

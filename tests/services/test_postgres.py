@@ -172,3 +172,22 @@ def test_gateway_replicas_racing_for_a_budget_on_postgres_never_reserve_more_tha
         store.engine.dispose()
     assert reserved == 0 and spent == pytest.approx(2e-6 * granted) and spent <= 10 * 3e-6
     assert granted >= 10  # settled calls free what they did not use, so more than ten fit
+
+
+def test_gateway_replicas_sweeping_a_dead_replicas_holds_on_postgres_release_each_once(postgres):
+    import time
+
+    from gateway.store import Store
+
+    replicas = [Store(postgres.url("gateway")) for _ in range(4)]
+    _, key = replicas[0].create_key(1e-3, "total")
+    for _ in range(5):
+        replicas[0].reserve(key, 1e-4)  # in flight when replica 0 dies: never settled
+    assert replicas[1].spend(key.key_id, "total") == (0.0, pytest.approx(5e-4))
+    expired = time.time() + replicas[0].hold_lease_s + 1
+    with ThreadPoolExecutor(4) as pool:
+        released = list(pool.map(lambda store: store.release_expired_holds(now=expired), replicas))
+    spend = replicas[2].spend(key.key_id, "total")
+    for store in replicas:
+        store.engine.dispose()
+    assert sum(released) == 5 and spend == (0.0, 0.0)
