@@ -11,6 +11,7 @@ import gc
 import json
 import logging
 import os
+import signal
 
 from gateway.app import Gateway, GatewayConfig, create_app
 from gateway.store import PERIODS, Store
@@ -75,6 +76,10 @@ def serve_command(args: argparse.Namespace) -> None:
     for name in QUIET_LOGGERS:  # one INFO line per proxied request costs the event loop, and says nothing new
         logging.getLogger(name).setLevel(logging.WARNING)
     fields = {k: getattr(args, k) for k in GatewayConfig.__dataclass_fields__ if k != "routers"}
+    # uvicorn shuts down on SIGTERM, then raises the signal again; with SIGTERM's default action that
+    # ends the process before the block below unwinds, and the llama.cpp server of --local-server (its
+    # own process group) was left running. As an exception, the block unwinds and stops it.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with contextlib.ExitStack() as stack:
         if args.local_server and not fields["local_base_url"]:
             fields["local_base_url"] = stack.enter_context(local_llm_server())
@@ -88,3 +93,7 @@ def serve_command(args: argparse.Namespace) -> None:
         gc.freeze()
         uvicorn.run(create_app(gw), host=args.host, port=args.port, loop=args.loop, http=args.http,
                     log_level="warning", access_log=False)
+
+
+def _exit_on_sigterm(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)
