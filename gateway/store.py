@@ -143,7 +143,6 @@ def _statements() -> dict[str, Any]:
                                                          spent_nusd=spend_table.c.spent_nusd + charge),
         "charge": spend_table.update().where(row).values(spent_nusd=spend_table.c.spent_nusd + charge),
         "open_hold": holds_table.insert(),
-        "find_hold": sa.select(holds_table.c.hold_id).where(holds_table.c.hold_id == sa.bindparam("b_hold")),
         "resize_hold": holds_table.update().where(holds_table.c.hold_id == sa.bindparam("b_hold")).values(
             nusd=sa.bindparam("b_nusd", type_=sa.BigInteger), expires_at=sa.bindparam("b_expires")),
         "close_hold": holds_table.delete().where(holds_table.c.hold_id == sa.bindparam("b_hold")),
@@ -357,17 +356,19 @@ class Store:
         hold = {"b_hold": held.hold_id, "b_nusd": new_nusd, "b_expires": time.time() + self.hold_lease_s}
 
         def resize(conn: sa.Connection) -> int:
-            # A hold already swept (the request outlived its lease) holds nothing: reserve all of it again.
-            swept = conn.execute(STATEMENTS["find_hold"], {"b_hold": held.hold_id}).first() is None
+            # The hold's UPDATE comes first: it locks the row, so a sweep on another replica waits for this
+            # transaction. A hold already swept (the request outlived its lease) holds nothing: reserve
+            # all of the new amount again.
+            kept = conn.execute(STATEMENTS["resize_hold"], hold).rowcount == 1
             args = {"b_key": held.key_id, "b_period": held.period, "b_budget": to_nano(budget_usd),
-                    "b_amount": new_nusd if swept else new_nusd - held.nusd}
+                    "b_amount": new_nusd - held.nusd if kept else new_nusd}
             rowcount = conn.execute(STATEMENTS["hold"], args).rowcount
-            if rowcount == 1 and swept:
+            if rowcount != 1 and kept:  # refused: the hold keeps its old amount
+                conn.execute(STATEMENTS["resize_hold"], {**hold, "b_nusd": held.nusd})
+            elif rowcount == 1 and not kept:
                 conn.execute(STATEMENTS["open_hold"], {"hold_id": held.hold_id, "key_id": held.key_id,
                                                        "period": held.period, "nusd": new_nusd,
                                                        "expires_at": hold["b_expires"]})
-            elif rowcount == 1:
-                conn.execute(STATEMENTS["resize_hold"], hold)
             return rowcount
         return resize
 

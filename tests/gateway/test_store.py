@@ -138,3 +138,15 @@ def test_a_request_that_outlives_its_lease_is_charged_but_released_only_once(tmp
     assert store.release_expired_holds(now=time.time() + store.hold_lease_s + 1) == 1
     store.settle(other, 5e-5)  # its hold was swept: the cost is charged, nothing is released twice
     assert store.spend(key.key_id, "total") == (pytest.approx(1.5e-4), 0.0)
+
+
+def test_a_refused_resize_leaves_the_reservation_and_its_hold_as_they_were(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'gw.db'}")
+    _, key = store.create_key(3e-4, "total")
+    held = store.reserve(key, 2e-4)
+    with pytest.raises(BudgetRefused):
+        store.resize(held, 4e-4, key.budget_usd)  # a fallback worker dearer than what is left
+    assert store.spend(key.key_id, "total") == (0.0, pytest.approx(2e-4))
+    store.settle(held, 1e-4)  # settles the hold it still has, at its old amount
+    assert store.spend(key.key_id, "total") == (pytest.approx(1e-4), 0.0)
+    assert store.release_expired_holds(now=time.time() + store.hold_lease_s + 1) == 0  # no hold left behind
