@@ -161,6 +161,22 @@ def test_logistic_router_with_tfidf_features(split):
     assert router.tfidf_.vocabulary_  # the n-gram vocabulary came from the training queries
 
 
+def test_tfidf_keeps_only_the_most_frequent_ngrams_up_to_its_cap(split, monkeypatch):
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    from models.baselines import linear
+
+    train, _ = split
+    counts = CountVectorizer(analyzer=linear.word_ngrams, min_df=2).fit_transform(train.queries)
+    frequency = np.asarray(counts.sum(axis=0)).ravel()
+    cap = int(np.sum(frequency > np.sort(frequency)[::-1][40]))  # a cap no tie straddles
+    assert 0 < cap < len(frequency)
+    monkeypatch.setattr(linear, "TFIDF_MAX_FEATURES", cap)
+    router = LogisticRouter(use_tfidf=True).fit(train)
+    assert len(router.tfidf_.vocabulary_) == cap
+    assert np.isfinite(router.predict_quality(train)).all()
+
+
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory):
     from models.embeddings import SentenceEncoder
@@ -260,9 +276,9 @@ def test_folded_linear_outcome_matches_sklearn(split):
 
 
 def test_hold_out_logistic_stops_past_the_best_penalty_and_keeps_it():
-    """Large tables choose C on one hold-out, strongest penalty first, stopping two grid points after
-    the hold-out loss last improved: the C it keeps is the best of the Cs it tried, and the weak end
-    of the grid (slow to fit, rejected anyway) is skipped when the loss turns up."""
+    """Large tables choose C on one hold-out, strongest penalty first, stopping at the first grid point
+    worse than the best so far: the C it keeps is the best of the Cs it tried, and the weak end of the
+    grid (slow to fit, rejected anyway) is skipped when the loss turns up."""
     from sklearn.linear_model import LogisticRegression
 
     from models.baselines.linear import C_GRID, HoldOutLogistic
