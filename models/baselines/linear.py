@@ -144,7 +144,7 @@ class HoldOutLogistic(BaseEstimator, ClassifierMixin):
         self.losses_ = losses
         # The refit on every row starts from the solution at C_ on 80% of them: the same convex
         # objective, so the same optimum (to the solver's tolerance), reached in fewer L-BFGS steps
-        # (on an 11k-query TF-IDF fold ~20 instead of ~55).
+        # (one worker's model on an 11,200-query TF-IDF fold: 37 instead of 56).
         final = LogisticRegression(C=self.C_, max_iter=3000, warm_start=True)
         final.coef_, final.intercept_ = solutions[best]
         final.fit(x, y)

@@ -106,8 +106,8 @@ def large_ridge(x: np.ndarray, y: np.ndarray, alphas: list[float], seed: int = 0
 
 def _float64_rows(x: np.ndarray):
     """(row slice, those rows in float64), ROW_CHUNK rows at a time: products that need float64
-    accuracy without a float64 copy of the whole n × d design (400 MB and ~1 s of page faults and
-    copying per 11k-row fit)."""
+    accuracy without a float64 copy of the whole n × d design (400 MB for an 11,200-row fit, held by
+    each replay worker at once)."""
     for start in range(0, len(x), ROW_CHUNK):
         rows = slice(start, start + ROW_CHUNK)
         yield rows, np.asarray(x[rows], dtype=np.float64)
