@@ -35,7 +35,8 @@ from evaluation.registry import Judged, register_and_promote
 from evaluation.sft_tracking import train_sft_tracked
 from evaluation.tracking import use_tracking
 from models.orchestrator.config import OrchestraConfig, orchestra_config
-from models.orchestrator.lm import LMController, base_model_folder, resolve_device
+from models.orchestrator.lm import base_model_folder, resolve_device
+from models.orchestrator.sampler import controller_for, load_controller_engine
 from models.orchestrator.rl import rl_config
 from models.orchestrator.sft import RESULT_FILE, holds_other_run
 from routerops import schema
@@ -396,8 +397,8 @@ def load_controller(run: OrchestraRun, layout: Layout, adapter: Path | None = No
     """The LM controller, priced as `orchestrator` (configs/prices): π(0) without an adapter, the SFT'd
     or RL'd controller with one; `version` (base / sft / rl) tells their episodes apart."""
     config = lm_config(run, layout.resolve("params.yaml"))
-    return LMController.load(config.model, config.controller, adapter, layout.model_cache, name=CONTROLLER_NAME,
-                             version=version or ("base" if adapter is None else "sft"))
+    return load_controller_engine(config.model, config.controller, adapter, layout.model_cache, name=CONTROLLER_NAME,
+                                  version=version or ("base" if adapter is None else "sft"))
 
 
 def rollout_run_id(run: OrchestraRun, layout: Layout, stage: str, inputs: list[Path]) -> str:
@@ -709,10 +710,11 @@ def rollout_metrics(results: list, group, alpha: float, workers: list[str] = ())
     return metrics
 
 
-async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: str, normaliser,
+async def rl_step(trainer, executor: Executor, cfg, controller, generation, task, run_id: str, normaliser,
                   rollouts: Path) -> dict:
     """One Agentic-GRPO step: G rollouts of `task` sampled from the current policy through the real
-    executor and workers, their turn advantages, one clipped-ratio update (models/orchestrator/rl.py)."""
+    executor and workers, their turn advantages, one clipped-ratio update (models/orchestrator/rl.py).
+    `controller` samples the trainer's policy (`rl_controller`): synced to the weights before the step."""
     import time
 
     import torch
@@ -722,10 +724,8 @@ async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: st
 
     n, g = trainer.step_count + 1, cfg.group_size
     started = time.perf_counter()
-    # The trainer's own PEFT model: each step samples the policy as the previous update left it.
-    controller = LMController(trainer.model, trainer.tokenizer,
-                              dataclasses.replace(generation, seed=generation.seed + 10_000 * n),
-                              name=CONTROLLER_NAME, version=f"rl-step{n}")
+    # Each step samples the policy as the previous update left it, under its own seed.
+    prepare_rl_controller(controller, generation, n)
     seeds = [n * g + i for i in range(g)]
     tree = cfg.advantages.estimator == "tree_grpo"
     if tree:  # Uno-tree-GRPO: prefix-sharing rollouts, at most G leaves (004 App. B)
@@ -753,8 +753,25 @@ async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: st
             "scores": [float(r.episode["score"]) for r in results],
             "advantages": [[round(float(x), 6) for x in a] for a in advantages],
             "truncated": batch.truncated, **{k: v for k, v in stats.items() if k not in ("step", "seconds")},
+            "controller_tokens": sum(t.completion_tokens for r in results for t in r.controller_turns),
             **rollout_metrics(results, group, cfg.advantages.alpha, sorted(executor.workers)), "rollout_seconds": rollout_seconds,
             "update_seconds": stats["seconds"], "step_seconds": time.perf_counter() - started}
+
+
+def rl_controller(trainer, generation):
+    """The RL stage's sampler of the trainer's policy (orchestra.controller.engine; FastSampler by
+    default: a merged, KV-cached copy re-synced to the adapter before every step)."""
+    return controller_for(trainer.model, trainer.tokenizer, generation, name=CONTROLLER_NAME, version="rl")
+
+
+def prepare_rl_controller(controller, generation, step: int) -> None:
+    """Step `step`'s sampling: the current weights (FastSampler re-merges them) and a seed of the step's
+    own, so a resumed run samples what an uninterrupted one would have."""
+    if hasattr(controller, "sync"):
+        controller.sync()
+    controller.settings = dataclasses.replace(generation, seed=generation.seed + 10_000 * step)
+    controller.calls = 0
+    controller.version = f"rl-step{step}"
 
 
 STEP_KEYS_NOT_LOGGED = ("step", "task_id", "episodes", "scores", "advantages")
@@ -841,10 +858,11 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
             with _workers(pool, run.evaluation.server_ctx, run.evaluation.server_threads) as workers:
                 async def loop():
                     executor = Executor(pool, workers, book, executor_config)
+                    controller = rl_controller(trainer, generation)
                     try:
                         while not trainer.finished:
                             task = task_list[trainer.step_count % len(task_list)]
-                            steps.append(await rl_step(trainer, executor, cfg, generation, task, run_id, normaliser,
+                            steps.append(await rl_step(trainer, executor, cfg, controller, generation, task, run_id, normaliser,
                                                        rollouts_file))
                             tracker(steps[-1])
                             log.info("RL step %d/%d on %s: loss %.4f, mean V %.2f, %.1f s", trainer.step_count,

@@ -16,6 +16,7 @@ from routerops.files import read_yaml_mapping
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda", "auto")
 PRECISIONS = ("fp32", "bf16")
+ENGINES = ("fast", "transformers")
 LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 # The projections of a Llama/Qwen2 block: LoRA on all of them is the usual choice when the adapter must
 # learn a new output grammar (here the F.1 XML), not only a new style.
@@ -59,8 +60,14 @@ class GenerationSettings:
     seed: int = 0  # sampling seed; call n of a controller samples under seed + n, so reruns repeat
     batch_size: int = 8  # conversations per generate() call (G rollouts of a task share it)
     device: str = "cpu"  # cpu | cuda | auto (cuda when available)
+    # Which decoder runs the turns: "fast" = models/orchestrator/sampler.FastSampler (merged adapter, KV
+    # cache with shared-prefix reuse; ~its log-probs agree with the trainer's to float32 rounding);
+    # "transformers" = LMController (PEFT model through generate()), kept as the reference.
+    engine: str = "fast"
 
     def validate(self, source: str, where: str = "orchestra") -> None:
+        if self.engine not in ENGINES:
+            raise InputError(source, f"{where}.engine", f"{self.engine!r} is not one of {ENGINES}")
         if self.temperature < 0:
             raise InputError(source, f"{where}.temperature", "must be ≥ 0 (0 = greedy)")
         if not 0 < self.top_p <= 1:

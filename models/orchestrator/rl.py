@@ -47,6 +47,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -119,6 +120,11 @@ class RLSettings:
     lora_alpha: int = 16
     lora_target_modules: tuple[str, ...] = LLAMA_LINEAR_MODULES
     seed: int = 0  # the LoRA initialisation
+    # 0: every layer's LoRA weights train (the paper's full update). k > 0: only the top k decoder
+    # layers' do; the rest keep the SFT adapter's values. Backpropagation then stops at layer L − k, so
+    # on a CPU the update costs a fraction of the full backward pass (benchmarks/rl_step.py measures it).
+    # Ours, not the paper's: a CPU setting, said in the README where it is used.
+    trainable_layers: int = 0
     device: str = "cpu"  # cpu | cuda | auto; "cuda" on a machine without one is refused
     dtype: str = "float32"  # the base weights' dtype once loaded (orchestra.model.dtype)
 
@@ -132,6 +138,8 @@ class RLSettings:
         for name in ("kl_beta", "weight_decay"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise InputError(source, f"{where}.{name}", f"{getattr(self, name)} must be finite and ≥ 0")
+        if self.trainable_layers < 0:
+            raise InputError(source, f"{where}.trainable_layers", f"{self.trainable_layers} must be ≥ 0 (0 = all layers)")
         if not self.lora_target_modules:
             raise InputError(source, f"{where}.lora_target_modules", "name at least one module")
         if self.tree_branches < 2 or self.tree_branch_turn < 1:
@@ -448,6 +456,23 @@ def disable_dropout(model: torch.nn.Module) -> None:
             module.p = 0.0
 
 
+LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
+
+
+def freeze_lower_layers(model: torch.nn.Module, trainable_layers: int) -> None:
+    """requires_grad = False on the policy adapter's LoRA weights below the top `trainable_layers`
+    decoder layers (0: leave every layer trainable)."""
+    if trainable_layers <= 0:
+        return
+    total = model.get_base_model().config.num_hidden_layers if hasattr(model, "get_base_model") else \
+        model.config.num_hidden_layers
+    lowest = max(total - trainable_layers, 0)
+    for name, param in model.named_parameters():
+        found = LAYER_INDEX.search(name)
+        if f".{POLICY_ADAPTER}." in name and found and int(found.group(1)) < lowest:
+            param.requires_grad_(False)
+
+
 class RLTrainer:
     """The trainable LoRA policy, its frozen reference, AdamW and a step count.
 
@@ -478,6 +503,7 @@ class RLTrainer:
         self.step_count = step
         disable_dropout(model)
         model.eval()
+        freeze_lower_layers(model, settings.trainable_layers)
         self.parameters = [p for name, p in model.named_parameters() if p.requires_grad]
         names = [name for name, p in model.named_parameters() if p.requires_grad]
         if not names or any(f".{POLICY_ADAPTER}." not in name for name in names):
@@ -549,15 +575,19 @@ class RLTrainer:
     @contextmanager
     def reference(self) -> Iterator[None]:
         """The frozen reference policy active for the duration (call under no_grad)."""
-        if self.reference_is_base:
-            with self.model.disable_adapter():
-                yield
-            return
-        self.model.set_adapter(REFERENCE_ADAPTER, inference_mode=True)  # active, and frozen like the rest
         try:
-            yield
+            if self.reference_is_base:
+                with self.model.disable_adapter():
+                    yield
+                return
+            self.model.set_adapter(REFERENCE_ADAPTER, inference_mode=True)  # active, and frozen like the rest
+            try:
+                yield
+            finally:
+                self.model.set_adapter(POLICY_ADAPTER)  # re-marks the policy trainable, the reference frozen
         finally:
-            self.model.set_adapter(POLICY_ADAPTER)  # re-marks the policy trainable, the reference frozen
+            # Re-enabling or setting an adapter marks all its weights trainable again.
+            freeze_lower_layers(self.model, self.settings.trainable_layers)
 
     @torch.no_grad()
     def logprobs(self, batch: RolloutBatch, reference: bool = False) -> torch.Tensor:
