@@ -631,6 +631,33 @@ def rl_task_order(layout: Layout, rl_tasks: Path) -> list:
     return chosen
 
 
+def train_tasks(layout: Layout) -> list:
+    """Every train task of the tasks file: the signal probe's candidates."""
+    return [t for t in read_tasks(layout.orchestra_tasks) if t.split == "train"]
+
+
+def signal_pool(rates: dict[str, float]) -> list[str]:
+    """Tasks solved sometimes but not always (004's residual hard pool with a learning signal)."""
+    return [task_id for task_id, rate in rates.items() if 0.0 < rate < 1.0]
+
+
+async def probe_success_rates(executor: Executor, controller, generation, tasks: list, samples: int,
+                              run_id: str) -> dict[str, float]:
+    """Each task's success rate over `samples` rollouts of the policy as it stands (the SFT adapter),
+    sampled at the RL temperature, all tasks in one lockstep batch."""
+    prepare_rl_controller(controller, generation, 0)
+    controller.version = "rl-probe"
+    items = [(task, PROBE_SEED + i) for task in tasks for i in range(samples)]
+    results = await executor.run_batch(items, controller, f"{run_id}-probe")
+    successes: dict[str, list[bool]] = {t.task_id: [] for t in tasks}
+    for r in results:
+        successes[r.episode["task_id"]].append(bool(r.episode["success"]))
+    return {task_id: sum(s) / len(s) for task_id, s in successes.items()}
+
+
+PROBE_SEED = 900_000  # the probe's sampling seeds, apart from the steps' (n·G + i)
+
+
 def rl_run_record(run: OrchestraRun, lm: OrchestraConfig, cfg, tasks: list, adapter: Path) -> dict:
     """What the RL run's steps depend on; a rerun with another record is refused."""
     from models.orchestrator.rl import adapter_fingerprint
@@ -795,7 +822,8 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
     params = layout.resolve("params.yaml")
     lm, cfg = lm_config(run, params), rl_config(run.rl, str(params))
     settings = cfg.settings
-    task_list = rl_task_order(layout, rl_tasks)
+    # "signal": every train task is a candidate and the probe picks the pool; "curriculum": the filter's.
+    task_list = train_tasks(layout) if settings.pool == "signal" else rl_task_order(layout, rl_tasks)
     pool_file, book_file = layout.resolve(run.pool), layout.resolve(run.price_book)
     pool, book = load_pool(pool_file), load_price_book(book_file)
     check_pool_priced(pool, book, book_file)
@@ -818,6 +846,7 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
                                  f"{out_dir} to start a new run")
     else:
         shutil_rmtree(checkpoints)
+        (out_dir / RL_POOL_FILE).unlink(missing_ok=True)  # another run's probe
         schema.write_json_atomic(record, run_file)
 
     normaliser, steps = CostNormaliser.for_config(cfg.advantages), []
@@ -860,8 +889,12 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
                     executor = Executor(pool, workers, book, executor_config)
                     controller = rl_controller(trainer, generation)
                     try:
+                        visit = task_list
+                        if settings.pool == "signal":
+                            visit = await rl_pool(executor, controller, generation, task_list, out_dir, run_id,
+                                                  settings.probe_samples)
                         while not trainer.finished:
-                            task = task_list[trainer.step_count % len(task_list)]
+                            task = visit[trainer.step_count % len(visit)]
                             steps.append(await rl_step(trainer, executor, cfg, controller, generation, task, run_id, normaliser,
                                                        rollouts_file))
                             tracker(steps[-1])
@@ -877,7 +910,11 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
         last = rl_checkpoints(checkpoints)[-1]
         adapter_out = layout.orchestra_rl_adapter
         copy_tree_atomic(last / ADAPTER_DIR, adapter_out)
+        pool_file = out_dir / RL_POOL_FILE
+        probed = json.loads(pool_file.read_text()) if settings.pool == "signal" and pool_file.is_file() else None
         result = {"global_step": trainer.step_count, "resumed_from_step": resumed_from,
+                  "pool": settings.pool, "pool_tasks": probed["pool"] if probed else record["tasks"],
+                  "probe_success_rate": probed["success_rate"] if probed else None,
                   "train_seconds": round(time.perf_counter() - started, 3), "checkpoint": str(last),
                   "adapter_dir": str(adapter_out), "sft_adapter": str(adapter), "group_size": cfg.group_size,
                   "estimator": cfg.advantages.estimator, "tasks": record["tasks"], "steps": steps}
@@ -893,6 +930,31 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
                    [Path(rl_tasks), *sorted(Path(adapter).glob("*"))],
                    [*sorted(adapter_out.glob("*")), result_file, rollouts_file], metrics)
     return adapter_out
+
+
+RL_POOL_FILE = "rl_pool.json"  # the signal probe's success rates and the pool it kept
+
+
+async def rl_pool(executor: Executor, controller, generation, candidates: list, out_dir: Path, run_id: str,
+                  samples: int) -> list:
+    """The tasks RL visits under `pool: signal` (RLSettings.pool): probed once per run (the rates are
+    written to rl_pool.json and read back by a resumed run), in the candidates' order."""
+    path = out_dir / RL_POOL_FILE
+    ids = [t.task_id for t in candidates]
+    probed = json.loads(path.read_text()) if path.is_file() else None
+    if probed is None or probed.get("candidates") != ids or probed.get("samples") != samples:
+        rates = await probe_success_rates(executor, controller, generation, candidates, samples, run_id)
+        probed = {"candidates": ids, "samples": samples, "temperature": generation.temperature,
+                  "success_rate": rates, "pool": signal_pool(rates)}
+        schema.write_json_atomic(probed, path)
+    kept = set(probed["pool"])
+    log.info("RL pool: %d of %d train tasks solved sometimes but not always (%d samples each at T = %.2f)",
+             len(kept), len(ids), samples, generation.temperature)
+    if not kept:
+        raise RouteropsError(f"no train task has a learning signal: the SFT policy solved each of the {len(ids)} "
+                             f"either in all or in none of {samples} samples ({path}); add train tasks, raise "
+                             "orchestra.rl.temperature, or set orchestra.rl.pool: curriculum")
+    return [t for t in candidates if t.task_id in kept]
 
 
 def shutil_rmtree(path: Path) -> None:

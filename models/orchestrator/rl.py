@@ -75,6 +75,7 @@ REFERENCE_ADAPTER = "reference"  # the frozen SFT adapter, when the reference is
 STATE_FILE = "rl_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 ADAPTER_DIR = "adapter"
+RL_POOLS = ("signal", "curriculum")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -106,6 +107,13 @@ class RLSettings:
     # plan and its worker results and differ in what they make of them.
     tree_branches: int = 2
     tree_branch_turn: int = 1
+    # Which train tasks RL visits. "signal": 004's D_RL as the residual hard pool, probed — every train
+    # task is rolled out probe_samples times by the SFT policy at `temperature` before the first step,
+    # and only tasks solved sometimes but not always (0 < success < 1) are kept: a group whose G
+    # rollouts all succeed or all fail has zero group-relative advantage (B.2) and teaches nothing.
+    # "curriculum": the filter's D_RL then D_SFT's tasks, unprobed (the stage before this option).
+    pool: str = "signal"
+    probe_samples: int = 4  # rollouts per train task in the probe (G of §5 would be 8)
     max_steps: int = 20  # optimisation steps of the demo (App. A.2: one pass over 2,976 tasks at G = 8)
     save_steps: int = 5  # checkpoint period (the paper gives none)
     # Tokens kept per conversation (its start). App. A.2: 4,096 prompt + 16,384 assistant tokens; the
@@ -138,6 +146,10 @@ class RLSettings:
         for name in ("kl_beta", "weight_decay"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise InputError(source, f"{where}.{name}", f"{getattr(self, name)} must be finite and ≥ 0")
+        if self.pool not in RL_POOLS:
+            raise InputError(source, f"{where}.pool", f"{self.pool!r} is not one of {RL_POOLS}")
+        if self.probe_samples < 2:
+            raise InputError(source, f"{where}.probe_samples", "a success rate strictly between 0 and 1 needs ≥ 2 samples")
         if self.trainable_layers < 0:
             raise InputError(source, f"{where}.trainable_layers", f"{self.trainable_layers} must be ≥ 0 (0 = all layers)")
         if not self.lora_target_modules:

@@ -35,7 +35,7 @@ def small_run(tmp_path: Path, **rl) -> OrchestraRun:
         sft={"max_steps": 3, "learning_rate": 0.002, "warmup_steps": 0, "batch_size": 2, "max_seq_len": 512,
              "save_steps": 100},
         rl={"estimator": "agentic_grpo", "group_size": 2, "max_steps": 2, "save_steps": 1, "temperature": 0.7,
-            "learning_rate": 0.001, **rl},
+            "learning_rate": 0.001, "pool": "curriculum", **rl},
         track=TrackConfig(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "artifacts"),
                           experiment="orchestra-rl-test"))
 
@@ -200,3 +200,62 @@ def test_tree_rollouts_need_g_to_split_evenly_into_branches():
         rl_config({"estimator": "tree_grpo", "group_size": 4, "tree_branches": 3})
     with pytest.raises(RouteropsError, match="tree_branches"):
         rl_config({"tree_branches": 1})
+
+
+def test_the_signal_pool_keeps_tasks_solved_sometimes_but_not_always():
+    from stages.orchestra import signal_pool
+
+    assert signal_pool({"a": 0.0, "b": 0.25, "c": 1.0, "d": 0.75}) == ["b", "d"]
+    assert signal_pool({"a": 0.0, "c": 1.0}) == []
+
+
+class AlternatingController:
+    """Right on every task whose id ends in 'always', wrong on 'never', and right on every other call
+    row for the rest: a policy whose sampled success is 1, 0 and strictly between."""
+
+    name = "orchestrator"
+
+    def __init__(self, answers: dict[str, str]):
+        from models.orchestrator.config import GenerationSettings
+
+        self.answers, self.settings, self.calls, self.version, self.rows = answers, GenerationSettings(), 0, "1", 0
+
+    def respond(self, conversations):
+        from routerops.orchestra.controller import ControllerTurn
+
+        turns = []
+        for conversation in conversations:
+            task = conversation[1]["content"]
+            kind = next(k for k in self.answers if k in task)
+            self.rows += 1
+            right = kind.endswith("always") or (not kind.endswith("never") and self.rows % 2 == 0)
+            answer = self.answers[kind] if right else "no idea"
+            turns.append(ControllerTurn(text=f"<final_answer>{answer}</final_answer>"))
+        return turns
+
+
+async def test_the_probe_rolls_every_candidate_and_the_pool_is_written_once(tmp_path):
+    import asyncio
+
+    from models.orchestrator.config import GenerationSettings
+    from routerops.orchestra.executor import Executor, ExecutorConfig
+    from routerops.pricing import load_pool, load_price_book
+    from routerops.types import Task
+    from routerops.workers import build_workers
+    from stages.orchestra import RL_POOL_FILE, rl_pool
+
+    pool, book = load_pool(REPO / "configs/pool.yaml"), load_price_book(REPO / "configs/prices/current.yaml")
+    executor = Executor(pool, build_workers(pool, "http://127.0.0.1:9/v1"), book, ExecutorConfig(prompt="compact"))
+    tasks = [Task(task_id=f"t-{kind}", suite="s", split="train", prompt=f"Say {kind}.", answer=kind,
+                  meta={"verifier": "exact"}) for kind in ("always", "never", "sometimes")]
+    controller = AlternatingController({t.answer: t.answer for t in tasks})
+    generation = GenerationSettings(temperature=0.7)
+    kept = await rl_pool(executor, controller, generation, tasks, tmp_path, "run", samples=4)
+    assert [t.task_id for t in kept] == ["t-sometimes"]
+    probed = json.loads((tmp_path / RL_POOL_FILE).read_text())
+    assert probed["success_rate"] == {"t-always": 1.0, "t-never": 0.0, "t-sometimes": 0.5}
+    rows = controller.rows
+    again = await rl_pool(executor, controller, generation, tasks, tmp_path, "run", samples=4)
+    assert again == kept and controller.rows == rows  # a resumed run reads the probe back
+    with pytest.raises(RouteropsError, match="no train task has a learning signal"):
+        await rl_pool(executor, controller, generation, tasks[:2], tmp_path, "run", samples=4)
