@@ -1,20 +1,27 @@
-"""SFT vs each RL variant of the LM controller (004 Tab. 3's ladder at our scale): GRPO, tree-GRPO and
-Agentic-GRPO, each continued from the same SFT adapter with the same budget of rollouts (steps × G
-leaves), several sampling seeds, then rolled out greedily on the held-out tasks (test and OOD) of a
-finished orchestrator flow (`make orchestra`).
+"""SFT vs each RL variant of the LM controller (004 Tab. 3's ladder at our scale): GRPO, tree-GRPO,
+MT-GRPO and Agentic-GRPO, each continued from the same SFT adapter with the same rollout budget (steps ×
+G leaves), several sampling seeds, then rolled out greedily on the held-out tasks (test and OOD) of a
+flow's root (`make orchestra`, or the stages up to orchestra-sft).
 
-Per variant: reward R = V − α·ĉ, accuracy and USD per episode on the held-out tasks, pooled over seeds,
-with 95 % percentile-bootstrap intervals over tasks (each task's mean over the seeds is one unit, so the
-interval covers task sampling; the seed spread is reported beside it). ĉ for reporting is √c over the
-95th percentile of √c of every evaluated episode (one fixed normaliser for all rows, 004 §4.1's form;
-the training normaliser is the rolling one of the RL stage). α is orchestra.rl.alpha.
+One run = one (variant, seed): its RL (the orchestra-rl stage, resumable from its checkpoints) and its
+greedy held-out evaluation, written to <work>/<variant>-s<seed>/run.json when both are done, so the
+table can be completed run by run (`--runs agentic_grpo-s0 grpo-s1`, or all of them by default; a run
+whose run.json exists is not redone). `--report` only aggregates what is there.
 
-Protocol: RL trains on train tasks only (the stage refuses others); nothing here is tuned on the
-held-out tasks; every variant uses orchestra.rl of the params file except the estimator, max_steps and
-the sampling seed (orchestra.controller.seed, which seeds the rollouts' sampling; evaluation is greedy).
-Writes benchmarks/results/orchestra_rl_variants.json (and .md).
+Per run: train reward and success per step (the RL stage's records), the adapter's relative change
+‖θ_RL − θ_SFT‖ / ‖θ_SFT‖, and the share of held-out tasks whose greedy controller turns differ from
+SFT's (the policy moved, or not). Per variant (pooled over its seeds): reward R = V − α·ĉ, accuracy
+and USD per episode on the held-out tasks, each beside SFT with a paired 95 % bootstrap interval of
+the difference over tasks (per-task means over seeds; the interval covers task sampling, the seed
+spread is reported beside it). ĉ for reporting is √c over the 95th percentile of √c of every
+evaluated episode (one fixed normaliser for every row, 004 §4.1's form). α is orchestra.rl.alpha.
 
-    python benchmarks/orchestra_rl_variants.py [--steps 8] [--seeds 0 1 2] [--root .] [--params params.yaml]
+Protocol: RL on train tasks only (the stage refuses others; the signal probe reads train tasks only);
+nothing here is tuned on the held-out tasks; every variant uses orchestra.rl of the params file
+except the estimator, max_steps and the sampling seed (orchestra.controller.seed; evaluation is greedy).
+Writes benchmarks/results/orchestra_rl_variants.{json,md} and a PNG of the training curves.
+
+    python benchmarks/orchestra_rl_variants.py --root ROOT [--steps 30] [--seeds 0 1 2] [--runs NAME ...] [--report]
 """
 
 from __future__ import annotations
@@ -44,22 +51,24 @@ from routerops import schema  # noqa: E402
 from routerops.envs.suites import read_tasks  # noqa: E402
 from routerops.errors import InputError  # noqa: E402
 from routerops.layout import Layout  # noqa: E402
-from routerops.metrics import bootstrap_ci  # noqa: E402
+from routerops.metrics import paired_bootstrap_diff  # noqa: E402
 from routerops.report import to_markdown  # noqa: E402
 from stages.orchestra import (  # noqa: E402
     CONTROLLER_NAME, OrchestraRun, controller_rollouts, load_controller, load_run, rl, rollout_run_id, run_inputs,
 )
 
 log = logging.getLogger("orchestra_rl_variants")
-VARIANTS = ("grpo", "tree_grpo", "agentic_grpo")
+VARIANTS = ("grpo", "tree_grpo", "mt_grpo", "agentic_grpo")
 HELD_OUT = ("test", "ood")
+RUN_FILE = "run.json"
 
 
-def variant_run(run: OrchestraRun, layout: Layout, estimator: str, seed: int, steps: int) -> OrchestraRun:
+def variant_run(run: OrchestraRun, layout: Layout, estimator: str, seed: int, steps: int,
+                eval_batch: int) -> OrchestraRun:
     """The flow's run with one estimator, `steps` RL steps and sampling seed `seed`; paths absolute so a
-    variant's own root can hold its RL folder."""
-    rl_section = {**run.rl, "estimator": estimator, "max_steps": steps, "save_steps": steps}
-    controller = {**run.controller, "seed": seed}
+    variant's own root can hold its RL folder. Checkpoints every 5 steps: a killed run loses ≤ 5."""
+    rl_section = {**run.rl, "estimator": estimator, "max_steps": steps, "save_steps": min(5, steps)}
+    controller = {**run.controller, "seed": seed, "batch_size": max(eval_batch, run.controller.get("batch_size", 8))}
     return dataclasses.replace(run, rl=rl_section, controller=controller, pool=str(layout.resolve(run.pool)),
                                price_book=str(layout.resolve(run.price_book)))
 
@@ -77,67 +86,158 @@ def variant_layout(flow: Layout, folder: Path) -> Layout:
     return own
 
 
-def train_variants(run: OrchestraRun, flow: Layout, out: Path, steps: int, seeds: list[int]) -> dict[str, dict]:
-    """Each (estimator, seed)'s RL run from the flow's SFT adapter; resumable (the stage resumes)."""
-    trained = {}
-    for seed in seeds:  # seed-major: a first seed of every variant before the next seed
-        for estimator in VARIANTS:
-            name = f"{estimator}-s{seed}"
-            layout = variant_layout(flow, out / name)
-            started = time.perf_counter()
-            adapter = rl(variant_run(run, flow, estimator, seed, steps), layout, layout.orchestra_rl_tasks,
-                         flow.orchestra_adapter)
-            result = json.loads(layout.orchestra_rl_result.read_text())
-            trained[name] = {"estimator": estimator, "seed": seed, "adapter": adapter,
-                             "seconds": round(time.perf_counter() - started, 1),
-                             "rollouts": sum(s["leaves"] for s in result["steps"]),
-                             "train_verifier_mean": float(np.mean([s["reward/verifier_mean"] for s in result["steps"]]))}
-            log.info("%s: %d rollouts in %.0f s", name, trained[name]["rollouts"], trained[name]["seconds"])
-    return trained
+def held_out_episodes(run: OrchestraRun, layout: Layout, adapter: Path, version: str, out: Path) -> list[dict]:
+    """Greedy episodes of `adapter` on the flow's held-out tasks through the real executor and workers
+    (resumable from out's journal): one record per task with its score, cost and controller turns."""
+    tasks = [t for t in read_tasks(layout.orchestra_tasks) if t.split in HELD_OUT]
+    controller = load_controller(run, layout, adapter, version)
+    inputs = run_inputs(run, layout, layout.orchestra_tasks, *sorted(adapter.glob("*")))
+    batch = (controller, tasks, rollout_run_id(run, layout, f"variants-{version}", inputs))
+    episodes, _ = controller_rollouts(run, layout, [batch], out)
+    records = []
+    for row in episodes[episodes.policy == CONTROLLER_NAME].itertuples():
+        messages = json.loads(row.conversation) if isinstance(row.conversation, str) else list(row.conversation)
+        records.append({"task_id": row.task_id, "split": row.split, "score": float(row.score),
+                        "success": bool(row.success), "cost_usd": float(row.cost_usd),
+                        "decisions": [m["content"] for m in messages if m["role"] == "assistant"]})
+    return records
 
 
-def evaluate_held_out(run: OrchestraRun, flow: Layout, out: Path, adapters: dict[str, Path]) -> pd.DataFrame:
-    """Greedy episodes of each adapter on the held-out tasks, through the real executor and workers."""
-    tasks = [t for t in read_tasks(flow.orchestra_tasks) if t.split in HELD_OUT]
-    run = dataclasses.replace(run, pool=str(flow.resolve(run.pool)), price_book=str(flow.resolve(run.price_book)))
-    batches = []
-    for version, adapter in adapters.items():
-        controller = load_controller(run, flow, adapter, version)
-        inputs = run_inputs(run, flow, flow.orchestra_tasks, *sorted(adapter.glob("*")))
-        batches.append((controller, tasks, rollout_run_id(run, flow, f"variants-{version}", inputs)))
-    episodes, _ = controller_rollouts(run, flow, batches, out / "eval")
-    return episodes[episodes.policy == CONTROLLER_NAME]
+def adapter_change(sft: Path, rl_adapter: Path) -> float:
+    """‖θ_RL − θ_SFT‖ / ‖θ_SFT‖ over every LoRA tensor of the two adapters."""
+    from safetensors.torch import load_file
+
+    start, end = load_file(sft / "adapter_model.safetensors"), load_file(rl_adapter / "adapter_model.safetensors")
+    diff = sum(float((end[k].float() - start[k].float()).pow(2).sum()) for k in start)
+    norm = sum(float(start[k].float().pow(2).sum()) for k in start)
+    return (diff / norm) ** 0.5 if norm else float("nan")
 
 
-def variant_table(episodes: pd.DataFrame, alpha: float, n_boot: int = 2000) -> pd.DataFrame:
-    """One row per variant (versions `<estimator>-s<seed>` pooled over seeds, `sft` alone)."""
-    root_cost = np.sqrt(episodes.cost_usd.clip(lower=0))
+def run_one(run: OrchestraRun, flow: Layout, work: Path, estimator: str, seed: int, steps: int,
+            eval_batch: int) -> dict:
+    """One (variant, seed): its RL run, its held-out evaluation, written to <work>/<name>/run.json."""
+    name = f"{estimator}-s{seed}"
+    folder = work / name
+    if (folder / RUN_FILE).is_file():
+        return json.loads((folder / RUN_FILE).read_text())
+    layout = variant_layout(flow, folder)
+    own = variant_run(run, flow, estimator, seed, steps, eval_batch)
+    started = time.perf_counter()
+    adapter = rl(own, layout, layout.orchestra_rl_tasks, flow.orchestra_adapter)
+    result = json.loads(layout.orchestra_rl_result.read_text())
+    trained = time.perf_counter()
+    episodes = held_out_episodes(own, layout, adapter, name, folder / "eval")
+    record = {"name": name, "estimator": estimator, "seed": seed, "steps": result["steps"],
+              "pool_tasks": result.get("pool_tasks"), "probe_success_rate": result.get("probe_success_rate"),
+              "rollouts": sum(s["leaves"] for s in result["steps"]),
+              "adapter_change": adapter_change(flow.orchestra_adapter, adapter),
+              "train_seconds": round(trained - started, 1), "eval_seconds": round(time.perf_counter() - trained, 1),
+              "episodes": episodes}
+    schema.write_json_atomic(record, folder / RUN_FILE)
+    log.info("%s: %d rollouts, adapter change %.4f, %.0f s RL + %.0f s evaluation", name, record["rollouts"],
+             record["adapter_change"], record["train_seconds"], record["eval_seconds"])
+    return record
+
+
+def run_sft(run: OrchestraRun, flow: Layout, work: Path, eval_batch: int) -> dict:
+    folder = work / "sft"
+    if (folder / RUN_FILE).is_file():
+        return json.loads((folder / RUN_FILE).read_text())
+    own = variant_run(run, flow, run.rl.get("estimator", "agentic_grpo"), 0, 1, eval_batch)
+    started = time.perf_counter()
+    record = {"name": "sft", "estimator": "sft", "seed": None, "steps": [], "adapter_change": 0.0,
+              "episodes": held_out_episodes(own, flow, flow.orchestra_adapter, "sft", folder / "eval")}
+    record["eval_seconds"] = round(time.perf_counter() - started, 1)
+    schema.write_json_atomic(record, folder / RUN_FILE)
+    return record
+
+
+def episode_frame(records: list[dict], alpha: float) -> pd.DataFrame:
+    """Every evaluated episode with its reward V − α·ĉ under one normaliser for all runs."""
+    frame = pd.DataFrame([{**e, "run": r["name"], "variant": r["estimator"]} for r in records for e in r["episodes"]])
+    root_cost = np.sqrt(frame.cost_usd.clip(lower=0))
     scale = float(np.percentile(root_cost, 95)) or 1.0
-    frame = episodes.assign(variant=episodes.policy_version.str.replace(r"-s\d+$", "", regex=True),
-                            reward=episodes.score - alpha * np.minimum(root_cost / scale, 1.0))
+    return frame.assign(reward=frame.score - alpha * np.minimum(root_cost / scale, 1.0))
+
+
+def decisions_changed(frame: pd.DataFrame, run_name: str) -> float:
+    """Share of held-out tasks whose greedy controller turns differ from SFT's."""
+    sft = frame[frame.run == "sft"].set_index("task_id").decisions
+    mine = frame[frame.run == run_name].set_index("task_id").decisions
+    shared = sft.index.intersection(mine.index)
+    return float(np.mean([sft[t] != mine[t] for t in shared])) if len(shared) else float("nan")
+
+
+def variant_table(records: list[dict], alpha: float, n_boot: int = 2000) -> pd.DataFrame:
+    """One row per variant: held-out means pooled over its seeds, each beside SFT with a paired interval
+    of the difference over tasks; the policy's movement (adapter change, decisions changed) per seed."""
+    frame = episode_frame(records, alpha)
+    sft = frame[frame.run == "sft"].set_index("task_id")
     rows = []
-    for variant, group in frame.groupby("variant", sort=False):
-        per_task = group.groupby("task_id")[["reward", "score", "cost_usd"]].mean()
-        per_seed = group.groupby("policy_version")[["reward", "score"]].mean()
-        row = {"variant": variant, "seeds": group.policy_version.nunique(), "tasks": len(per_task),
-               "episodes": len(group)}
+    for variant in ("sft", *VARIANTS):
+        group = frame[frame.variant == variant]
+        if group.empty:
+            continue
+        per_task = group.groupby("task_id")[["reward", "score", "cost_usd"]].mean().loc[sft.index]
+        runs = [r for r in records if r["estimator"] == variant]
+        row = {"variant": variant, "seeds": len(runs), "tasks": len(per_task)}
         for column, label in (("reward", "reward"), ("score", "accuracy"), ("cost_usd", "usd_per_episode")):
-            mean, low, high = bootstrap_ci(per_task[column].to_numpy(), n_boot=n_boot)
-            row.update({label: mean, f"{label}_low": low, f"{label}_high": high})
-        row["accuracy_seed_std"] = float(per_seed.score.std(ddof=0)) if len(per_seed) > 1 else 0.0
+            row[label] = float(per_task[column].mean())
+            if variant != "sft":
+                diff, low, high = paired_bootstrap_diff(per_task[column], sft[column], n_boot=n_boot)
+                row.update({f"{label}_vs_sft": diff, f"{label}_vs_sft_low": low, f"{label}_vs_sft_high": high})
+        per_seed = group.groupby("run")[["reward", "score"]].mean()
         row["reward_seed_std"] = float(per_seed.reward.std(ddof=0)) if len(per_seed) > 1 else 0.0
+        if variant != "sft":
+            row["adapter_change"] = float(np.mean([r["adapter_change"] for r in runs]))
+            row["decisions_changed"] = float(np.mean([decisions_changed(frame, r["name"]) for r in runs]))
+            first = [np.mean([s["reward/return_mean"] for s in r["steps"][:5]]) for r in runs]
+            last = [np.mean([s["reward/return_mean"] for s in r["steps"][-5:]]) for r in runs]
+            row["train_return_first5"], row["train_return_last5"] = float(np.mean(first)), float(np.mean(last))
         rows.append(row)
-    order = {v: i for i, v in enumerate(("sft", *VARIANTS))}
-    return pd.DataFrame(rows).sort_values("variant", key=lambda s: s.map(order)).reset_index(drop=True)
+    return pd.DataFrame(rows)
+
+
+def plot_curves(records: list[dict], path: Path) -> Path:
+    """Train reward, KL, USD and success per step, one line per variant (mean over its seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (("reward/return_mean", "train return V − αC"), ("kl", "KL to SFT (k3)"),
+              ("reward/usd_mean", "USD per episode"), ("success_rate", "success rate"))
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    for variant in VARIANTS:
+        runs = [r for r in records if r["estimator"] == variant and r["steps"]]
+        if not runs:
+            continue
+        for ax, (key, title) in zip(axes, panels):
+            length = min(len(r["steps"]) for r in runs)
+            values = np.array([[s[key] for s in r["steps"][:length]] for r in runs]).mean(axis=0)
+            smooth = pd.Series(values).rolling(5, min_periods=1).mean()
+            ax.plot(np.arange(1, length + 1), smooth, label=f"{variant} ({len(runs)} seeds)")
+            ax.set_title(title)
+            ax.set_xlabel("RL step")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("RL from one SFT adapter: training curves (5-step moving mean)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", default=".", help="the flow's root (data/orchestra from `make orchestra`)")
+    parser.add_argument("--root", default=".", help="the flow's root (its data/orchestra holds tasks and the SFT adapter)")
     parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--steps", type=int, default=8, help="RL steps per run (G leaves at most each)")
+    parser.add_argument("--steps", type=int, default=30, help="RL steps per run (G leaves at most each)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--work", default=".routerops/rl_variants", help="RL runs and episodes (resumable)")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--runs", nargs="*", help="only these runs, e.g. agentic_grpo-s0 (default: every one)")
+    parser.add_argument("--report", action="store_true", help="aggregate the finished runs only")
+    parser.add_argument("--eval-batch", type=int, default=16, help="conversations per decode batch at evaluation")
+    parser.add_argument("--work", default=".routerops/rl_variants", help="runs and episodes (resumable)")
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/orchestra_rl_variants.json"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -149,29 +249,39 @@ def main() -> None:
     cfg = rl_config(run.rl, args.params)
     work = flow.resolve(args.work)
     load_before, started = os.getloadavg(), time.perf_counter()
-    trained = train_variants(run, flow, work, args.steps, args.seeds)
-    episodes = evaluate_held_out(run, flow, work, {"sft": flow.orchestra_adapter,
-                                                    **{k: v["adapter"] for k, v in trained.items()}})
-    table = variant_table(episodes, cfg.advantages.alpha)
+    plan = [(v, seed) for seed in args.seeds for v in args.variants]  # seed-major: every variant once first
+    if not args.report:
+        run_sft(run, flow, work, args.eval_batch)
+        for estimator, seed in plan:
+            if args.runs and f"{estimator}-s{seed}" not in args.runs:
+                continue
+            run_one(run, flow, work, estimator, seed, args.steps, args.eval_batch)
+    records = [json.loads((work / name / RUN_FILE).read_text())
+               for name in ["sft", *(f"{v}-s{seed}" for v, seed in plan)] if (work / name / RUN_FILE).is_file()]
+    table = variant_table(records, cfg.advantages.alpha)
+    out = Path(args.out)
+    plot = plot_curves(records, out.with_suffix(".png"))
     result = {
         "benchmark": "orchestra_rl_variants", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python benchmarks/orchestra_rl_variants.py " + " ".join(sys.argv[1:]),
-        "protocol": "RL on train tasks from the flow's SFT adapter; greedy evaluation on the held-out test and "
-                    "OOD tasks; 95% percentile bootstrap over tasks (per-task means over seeds); nothing tuned "
-                    "on held-out tasks",
-        "settings": {"steps": args.steps, "seeds": args.seeds, "group_size": cfg.group_size, "alpha": cfg.advantages.alpha,
-                     "rl": run.rl, "held_out": list(HELD_OUT)},
-        "runs": {k: {**v, "adapter": str(v["adapter"])} for k, v in trained.items()},
-        "table": table.to_dict(orient="records"),
+        "protocol": "RL on train tasks only (signal pool probed on train tasks) from the flow's SFT adapter; greedy "
+                    "evaluation on the held-out test and OOD tasks; paired 95% percentile bootstrap over tasks of "
+                    "(variant − SFT), per-task means over seeds; nothing tuned on held-out tasks",
+        "settings": {"steps": args.steps, "seeds": args.seeds, "group_size": cfg.group_size,
+                     "alpha": cfg.advantages.alpha, "rl": run.rl, "held_out": list(HELD_OUT)},
+        "runs": {r["name"]: {k: v for k, v in r.items() if k != "episodes"} for r in records},
+        "missing_runs": [f"{v}-s{seed}" for v, seed in plan if not (work / f"{v}-s{seed}" / RUN_FILE).is_file()],
+        "table": table.to_dict(orient="records"), "plot": str(plot.relative_to(REPO)) if plot.is_relative_to(REPO) else str(plot),
         "seconds": round(time.perf_counter() - started, 1), "cpu": cpu_flags(),
         "load_average_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
     }
-    out = Path(args.out)
     schema.write_json_atomic(result, out)
-    shown = table[["variant", "seeds", "tasks", "reward", "reward_low", "reward_high", "accuracy", "accuracy_low",
-                   "accuracy_high", "accuracy_seed_std", "usd_per_episode"]]
-    schema.write_text_atomic(to_markdown(shown.round(6)) + "\n", out.with_suffix(".md"))
-    print(to_markdown(shown.round(4)))
+    columns = [c for c in ("variant", "seeds", "tasks", "reward", "reward_vs_sft", "reward_vs_sft_low",
+                           "reward_vs_sft_high", "accuracy", "accuracy_vs_sft_low", "accuracy_vs_sft_high",
+                           "usd_per_episode", "adapter_change", "decisions_changed", "train_return_first5",
+                           "train_return_last5") if c in table]
+    schema.write_text_atomic(to_markdown(table[columns].round(4)) + "\n", out.with_suffix(".md"))
+    print(to_markdown(table[columns].round(4)))
 
 
 if __name__ == "__main__":

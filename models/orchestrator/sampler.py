@@ -142,6 +142,9 @@ class FastSampler:
         # transformers ≥ 5.2x names the KV cache argument `cache` and deprecates `past_key_values`.
         self.cache_arg = "cache" if "cache" in inspect.signature(self.engine.forward).parameters else "past_key_values"
         self.calls = 0
+        # End-of-turn tokens are masked until this many are drawn (benchmarks force equal lengths on
+        # every side with it, as transformers' min_new_tokens); 0 in the stage.
+        self.min_new_tokens = 0
         self.tokens = 0  # generated tokens, all calls
         self.seconds = 0.0  # time inside generate_batch, all calls
         self.lock = threading.Lock()
@@ -233,7 +236,9 @@ class FastSampler:
         logits = self.engine(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                              **{self.cache_arg: cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
         position = positions[:, -1:]
-        for _ in range(settings.max_new_tokens):
+        for drawn in range(settings.max_new_tokens):
+            if drawn < self.min_new_tokens:
+                logits = logits.index_fill(1, eos, float("-inf"))
             logp = nucleus_logprobs(logits, settings.temperature, settings.top_p)
             if settings.temperature > 0:
                 token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
