@@ -50,6 +50,7 @@ from models.orchestrator.rl import rl_config  # noqa: E402
 from routerops import schema  # noqa: E402
 from routerops.envs.suites import read_tasks  # noqa: E402
 from routerops.errors import InputError  # noqa: E402
+from evaluation.orchestra_results import plot_rl_curves  # noqa: E402
 from routerops.layout import Layout  # noqa: E402
 from routerops.metrics import paired_bootstrap_diff  # noqa: E402
 from routerops.report import to_markdown  # noqa: E402
@@ -61,6 +62,35 @@ log = logging.getLogger("orchestra_rl_variants")
 VARIANTS = ("grpo", "tree_grpo", "mt_grpo", "agentic_grpo")
 HELD_OUT = ("test", "ood")
 RUN_FILE = "run.json"
+
+
+# The benchmark's scale (item 3 of issue 23): held-out sets large enough that an RL effect the size of
+# the paper's Tab. 3 steps (a few points) is not lost in the interval: 5 families × 60 test tasks and
+# 100 OOD tasks; 12 train tasks per family for the teacher, SFT and the RL pool. `products` (2-3 digit
+# factors) is the family where a lazy answer of the 135M controller fails (1 of 10, suites.py) and a
+# tool route succeeds (10 of 10): there is something for RL to learn.
+BENCH_TASKS = {"families": ["basic_arithmetic", "chain_sum", "gcd", "lcm", "products"],
+               "ood_families": ["decimal_chain_sum"], "train": 12, "val": 2, "test": 60, "ood": 100, "seed": 7}
+PREPARE_STAGES = ("orchestra-tasks", "orchestra-teacher", "orchestra-probe", "orchestra-filter", "orchestra-sft")
+
+
+def prepare_root(root: Path, params: Path) -> None:
+    """The benchmark's own flow root: params.yaml with BENCH_TASKS, the configs it names, then the flow's
+    stages up to SFT (each resumable; a finished stage's outputs are kept)."""
+    import yaml
+
+    from stages import run_stage
+
+    root.mkdir(parents=True, exist_ok=True)
+    raw = yaml.safe_load(params.read_text())
+    raw["orchestra"]["tasks"] = {**raw["orchestra"]["tasks"], **BENCH_TASKS}
+    schema.write_text_atomic(yaml.safe_dump(raw, sort_keys=False), root / "params.yaml")
+    if not (root / "configs").exists():
+        shutil.copytree(REPO / "configs", root / "configs")
+    for name in PREPARE_STAGES:
+        started = time.perf_counter()
+        run_stage(name, "params.yaml", root)
+        log.info("prepared %s in %.0f s", name, time.perf_counter() - started)
 
 
 def variant_run(run: OrchestraRun, layout: Layout, estimator: str, seed: int, steps: int,
@@ -199,32 +229,10 @@ def variant_table(records: list[dict], alpha: float, n_boot: int = 2000) -> pd.D
 
 
 def plot_curves(records: list[dict], path: Path) -> Path:
-    """Train reward, KL, USD and success per step, one line per variant (mean over its seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = (("reward/return_mean", "train return V − αC"), ("kl", "KL to SFT (k3)"),
-              ("reward/usd_mean", "USD per episode"), ("success_rate", "success rate"))
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
-    for variant in VARIANTS:
-        runs = [r for r in records if r["estimator"] == variant and r["steps"]]
-        if not runs:
-            continue
-        for ax, (key, title) in zip(axes, panels):
-            length = min(len(r["steps"]) for r in runs)
-            values = np.array([[s[key] for s in r["steps"][:length]] for r in runs]).mean(axis=0)
-            smooth = pd.Series(values).rolling(5, min_periods=1).mean()
-            ax.plot(np.arange(1, length + 1), smooth, label=f"{variant} ({len(runs)} seeds)")
-            ax.set_title(title)
-            ax.set_xlabel("RL step")
-    axes[0].legend(fontsize=8)
-    fig.suptitle("RL from one SFT adapter: training curves (5-step moving mean)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    """Train return, success, KL and USD per step, one line per variant (mean over its seeds)."""
+    curves = {v: [r["steps"] for r in records if r["estimator"] == v] for v in VARIANTS}
+    return plot_rl_curves({v: runs for v, runs in curves.items() if runs}, path,
+                          "RL variants from one SFT adapter: training curves")
 
 
 def main() -> None:
@@ -236,6 +244,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--runs", nargs="*", help="only these runs, e.g. agentic_grpo-s0 (default: every one)")
     parser.add_argument("--report", action="store_true", help="aggregate the finished runs only")
+    parser.add_argument("--prepare", action="store_true",
+                        help="first build --root at the benchmark's scale (BENCH_TASKS) up to SFT")
     parser.add_argument("--eval-batch", type=int, default=16, help="conversations per decode batch at evaluation")
     parser.add_argument("--work", default=".routerops/rl_variants", help="runs and episodes (resumable)")
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/orchestra_rl_variants.json"))
@@ -243,6 +253,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     flow = Layout(Path(args.root).resolve())
+    if args.prepare:
+        prepare_root(flow.root, REPO / args.params)
     if not (flow.orchestra_adapter / "adapter_model.safetensors").is_file():
         raise InputError(flow.orchestra_adapter, "adapter", "no SFT adapter: run `make orchestra` first")
     run = load_run(flow.resolve(args.params))

@@ -77,3 +77,42 @@ def write_results_report(table: pd.DataFrame, csv_path: Path, markdown_path: Pat
             + "".join(f"- {n}\n" for n in notes))
     schema.write_text_atomic(text, markdown_path)
     return [csv_path, markdown_path]
+
+
+# The training curves of RL runs (the stage's reports/orchestra/rl_curves.png, the variants benchmark's
+# PNG): what each step's group did, one line per run or variant.
+CURVE_PANELS = (("reward/return_mean", "train return V − α·ĉ"), ("success_rate", "train success rate"),
+                ("kl", "KL to the SFT reference (k3)"), ("reward/usd_mean", "USD per episode"))
+
+
+def plot_rl_curves(curves: dict[str, list[list[dict]]], path: Path, title: str, window: int = 5) -> Path:
+    """One panel per CURVE_PANELS key: for each label, the mean over its runs (lists of step records)
+    of the key per step, as a `window`-step moving mean (a group of G = 4 is a noisy point). Atomic."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, len(CURVE_PANELS), figsize=(4 * len(CURVE_PANELS), 3.6))
+    for label, runs in curves.items():
+        runs = [r for r in runs if r]
+        if not runs:
+            continue
+        length = min(len(r) for r in runs)
+        for ax, (key, name) in zip(axes, CURVE_PANELS):
+            values = np.array([[float(s.get(key, np.nan)) for s in r[:length]] for r in runs]).mean(axis=0)
+            ax.plot(np.arange(1, length + 1), pd.Series(values).rolling(window, min_periods=1).mean(),
+                    label=f"{label} ({len(runs)} run{'s' * (len(runs) > 1)})")
+            ax.set_title(name, fontsize=10)
+            ax.set_xlabel("RL step")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{title} ({window}-step moving mean)")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

@@ -253,6 +253,11 @@ class Layout:
         return self.orchestra_rl_run / "rl_result.json"
 
     @property
+    def orchestra_rl_curves(self) -> Path:
+        """The RL run's training curves per step (reward, success, KL, USD)."""
+        return self.orchestra_reports / "rl_curves.png"
+
+    @property
     def orchestra_eval(self) -> Trajectories:
         """The LM controller's episodes, before and after SFT, on the val, test and OOD tasks."""
         return Trajectories.under(self.orchestra_data / "eval")

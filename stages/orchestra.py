@@ -29,7 +29,7 @@ from evaluation.baselines import (
     check_splits, collect_baseline_episodes, write_baseline_report,
 )
 from models.embeddings import default_encoder
-from evaluation.orchestra_results import controller_rows, results_table, write_results_report
+from evaluation.orchestra_results import controller_rows, plot_rl_curves, results_table, write_results_report
 from evaluation.orchestra_serving import Episodes, ServedOrchestrator
 from evaluation.registry import Judged, register_and_promote
 from evaluation.sft_tracking import train_sft_tracked
@@ -919,7 +919,9 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
                   "adapter_dir": str(adapter_out), "sft_adapter": str(adapter), "group_size": cfg.group_size,
                   "estimator": cfg.advantages.estimator, "tasks": record["tasks"], "steps": steps}
         result_file = schema.write_json_atomic(result, out_dir / RL_RESULT_FILE)
-        mlflow_run = tracker.finish(adapter_out, result_file)
+        curves = plot_rl_curves({cfg.advantages.estimator: [steps]}, layout.orchestra_rl_curves,
+                                f"orchestra-rl from the SFT adapter, G = {cfg.group_size}")
+        mlflow_run = tracker.finish(adapter_out, result_file, curves)
     metrics = {"global_step": trainer.step_count, "steps_run": trainer.step_count - (resumed_from or 0)}
     if steps:
         metrics.update(first_loss=steps[0]["loss"], last_loss=steps[-1]["loss"],
@@ -928,7 +930,7 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
     write_manifest(layout.orchestra_manifests, "orchestra-rl",
                    {"rl": run.rl, "model": run.model, "controller": run.controller, "mlflow_run": mlflow_run or ""},
                    [Path(rl_tasks), *sorted(Path(adapter).glob("*"))],
-                   [*sorted(adapter_out.glob("*")), result_file, rollouts_file], metrics)
+                   [*sorted(adapter_out.glob("*")), result_file, rollouts_file, layout.orchestra_rl_curves], metrics)
     return adapter_out
 
 
@@ -990,13 +992,15 @@ class _RLTracker:
             mlflow.log_metrics({k: float(v) for k, v in step.items() if k not in STEP_KEYS_NOT_LOGGED
                                 and isinstance(v, (int, float))}, step=int(step["step"]))
 
-    def finish(self, adapter: Path, result_file: Path) -> str | None:
+    def finish(self, adapter: Path, result_file: Path, curves: Path | None = None) -> str | None:
         if not self.active:
             return None
         import mlflow
 
         mlflow.log_artifacts(str(adapter), artifact_path="adapter")
         mlflow.log_artifact(str(result_file))
+        if curves is not None:
+            mlflow.log_artifact(str(curves))
         return self.run_id
 
 
