@@ -20,6 +20,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 import yaml
@@ -662,30 +663,94 @@ def controller_turn_groups(turn_rows: list[dict]) -> list[list[dict]]:
     return groups
 
 
-def rollout_group(results: list, normaliser, task_id: str, tree: bool = False):
-    """The G episodes as advantages.RolloutGroup (004 App. B).
+def rollout_group(results: list, normaliser, task_id: str, tree: bool = False, config=None,
+                  score_text: Callable[[str], float] | None = None):
+    """The G episodes as advantages.RolloutGroup (004 App. B), every per-turn field filled, so that any
+    estimator and either reward runs on it.
 
     V_g: the episode's verifier score. C_g: its USD, √-normalised by the rolling percentile (the
-    normaliser is updated with this group's costs first, §4.1 / App. A.2). Per turn: C_t, the USD of
-    the controller turn and the worker calls its plan made, normalised alike; V_t (B.10's verifier-
-    confirmed progress, which the paper leaves undefined per turn) is the verifier's score on the turn
-    that gave the final answer and 0 on every other turn: the only per-turn fact a verifier confirms
-    here; the action (plan / repair / final_answer / malformed) sets B.11's comparison cohorts. With
-    `tree`, each turn carries its node of the rollout tree (Executor.run_tree) for tree-GRPO (B.5)."""
-    from models.orchestrator.advantages import Rollout, RolloutGroup, Turn
+    normaliser is updated with this group's costs first, §4.1 / App. A.2). Per controller turn:
+    - C_t: the USD of the controller turn and the worker calls its plan made, normalised alike.
+    - V_t (B.10's "verifier-confirmed progress", which the paper leaves undefined per turn) and U_t
+      (B.6's turn score "from the downstream outcome of the decision at turn t"): what the verifier
+      confirms of the turn's own outcome. A final answer: the verifier's score of it. A plan or repair:
+      the best score the verifier gives to what its subtasks returned (each <obs>'s value: a tool's
+      printed value, else the answer in an LLM's reply; `score_text`, None: 0), i.e. whether the
+      routes it chose brought the answer into the conversation. A malformed turn: 0.
+    - r_t (eq. 6's shaping, |r_t| ≤ η = config.shaping_bound): −η on a malformed turn (schema
+      validity), 0 otherwise. A repair is not rewarded in itself: one after a correct result is waste.
+    - action: its kind (plan / repair / final_answer / malformed), B.11's and eq. 6's cohorts.
+    - state (GiGPO's anchor, B.8): a hash of the conversation the controller saw before the turn
+      (system prompt with the pool table, task, earlier turns, <obs>). Two turns share a state only if
+      the controller faced exactly the same context: the first turns of a group (unless the blind
+      protocol draws different labels per episode), siblings at a tree's branch point, and episodes
+      whose earlier turns and (deterministic, cached) observations coincided.
+    - node (with `tree`): its node of the rollout tree (Executor.run_tree) for tree-GRPO (B.5).
+    Per rollout, schema_share (eq. 5's S(τ) = schema_bonus × it): the share of its controller turns
+    that were schema-valid plan-and-route emissions (plan or repair)."""
+    from models.orchestrator.advantages import AdvantageConfig, Rollout, RolloutGroup, Turn
+    from routerops.orchestra import modes
 
+    eta = (config or AdvantageConfig()).shaping_bound
     normaliser.update([float(r.episode["cost_usd"]) for r in results])
     rollouts = []
     for r in results:
         score = min(1.0, max(0.0, float(r.episode["score"])))
-        turns = []
+        states = anchor_states(getattr(r, "messages", None) or [])
+        turns, kinds = [], []
         for k, rows in enumerate(controller_turn_groups(r.turns)):
             kind = rows[0]["primitive"] or "turn"
+            kinds.append(kind)
+            if kind == modes.KIND_FINAL_ANSWER:
+                progress = score
+            elif kind in (modes.KIND_PLAN, modes.KIND_REPAIR) and score_text is not None:
+                progress = observed_progress(rows[0].get("observation") or "", score_text)
+            else:
+                progress = 0.0
             turns.append(Turn(cost=normaliser.normalise(sum(float(x["cost_usd"]) for x in rows)),
-                              progress=score if kind == "final_answer" else 0.0, action=kind,
+                              progress=progress, score=progress, action=kind,
+                              shaping=-eta if kind == modes.KIND_MALFORMED else 0.0,
+                              state=states[k] if k < len(states) else None,
                               node=r.nodes[k] if tree else None))
-        rollouts.append(Rollout(verifier=score, cost=normaliser.normalise(float(r.episode["cost_usd"])), turns=turns))
+        share = sum(kind in (modes.KIND_PLAN, modes.KIND_REPAIR) for kind in kinds) / max(len(kinds), 1)
+        rollouts.append(Rollout(verifier=score, cost=normaliser.normalise(float(r.episode["cost_usd"])), turns=turns,
+                                schema_share=share))
     return RolloutGroup(tuple(rollouts), task=task_id)
+
+
+def observed_progress(observation: str, score_text: Callable[[str], float]) -> float:
+    """The best verifier score among a plan turn's <obs> results (0 when it has none)."""
+    from routerops.orchestra.render import parse_observations
+
+    try:
+        results = parse_observations(observation)
+    except ValueError:  # an <error> block (a malformed turn answered), not observations
+        return 0.0
+    return max((min(1.0, max(0.0, float(score_text(text)))) for _, text in results), default=0.0)
+
+
+def answer_scorer(task, verifier) -> Callable[[str], float]:
+    """`score_text` for rollout_group: a worker's result scored as an answer to `task` by the task's
+    verifier — a tool's printed value if it printed one, else the answer an LLM's reply gives."""
+    from routerops.envs.qa import extract_answer, tool_value
+
+    def score(text: str) -> float:
+        candidate = tool_value(text) or extract_answer(text)
+        return float(verifier(task, candidate)) if candidate else 0.0
+
+    return score
+
+
+def anchor_states(messages: list) -> list[str]:
+    """Per assistant message, a hash of every message before it: the state its turn was taken from."""
+    import hashlib
+
+    states = []
+    for i, message in enumerate(messages):
+        if message.get("role") == "assistant":
+            prefix = json.dumps(messages[:i], ensure_ascii=False, sort_keys=True)
+            states.append(hashlib.sha256(prefix.encode()).hexdigest()[:16])
+    return states
 
 
 def rollout_metrics(results: list, group, alpha: float, workers: list[str] = ()) -> dict[str, float]:
