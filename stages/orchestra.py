@@ -57,6 +57,7 @@ from routerops.promotion import GateConfig, Outcomes
 from routerops.pricing import check_pool_priced, load_pool, load_price_book
 from routerops.validation import ephemeral_context, run_suite
 from routerops.workers import build_workers, check_pool_runnable
+from routerops.workers.cache import WorkerCache
 from routerops.workers.llm import api_key_for
 from routerops.workers.server import local_llm_server
 from stages.manifest import write_manifest
@@ -163,6 +164,15 @@ class OrchestraRun:
     controller: dict = field(default_factory=dict)
     sft: dict = field(default_factory=dict)
     rl: dict = field(default_factory=dict)  # orchestra.rl: models/orchestrator/rl.py rl_config (estimator + update)
+    # 004 §5's blind-worker protocol: the LM controller sees the pool's LLM workers only as Worker1..K,
+    # the mapping to the real workers drawn anew per episode (Executor's worker_labels), in RL and in
+    # its own rollouts (probe, evaluation, gate) so that it is judged on what it was trained on. Tools
+    # keep their names; the teacher routes by name. Off in the demo: its SFT data name the workers.
+    anonymize_workers: bool = False
+    # Replay deterministic workers' results (tools; LLMs at temperature 0) from Layout.worker_cache
+    # (routerops/workers/cache.py) in the teacher, the controller's rollouts and RL; sampling workers
+    # are always called.
+    worker_cache: bool = True
     track: TrackConfig = field(default_factory=TrackConfig)  # params.yaml's `track` section, not `orchestra`
 
 
@@ -171,6 +181,9 @@ def load_run(path: str | Path = "params.yaml") -> OrchestraRun:
     if isinstance(raw, dict) and "track" in raw:
         raise InputError(path, "orchestra.track", "unknown key (tracking is the top-level `track` section)")
     run = _build(OrchestraRun, raw, path, "orchestra")
+    for name in ("anonymize_workers", "worker_cache"):
+        if not isinstance(getattr(run, name), bool):
+            raise InputError(path, f"orchestra.{name}", f"expected true or false, got {getattr(run, name)!r}")
     lm_config(run, path)  # the LM sections are checked at load too, before any stage runs
     rl_config(run.rl, str(path))
     return dataclasses.replace(run, track=load_params(path, sections=("track",)).track)
@@ -282,7 +295,8 @@ def teacher(run: OrchestraRun, layout: Layout, tasks: Path) -> Trajectories:
                                                              "kind": cfg.kind, "llm_worker": cfg.llm_worker,
                                                              "prompt": run.prompt})
     with _workers(pool, cfg.server_ctx, cfg.server_threads) as workers:
-        episodes, _ = asyncio.run(_teach(run, pool, book, workers, chosen, out.folder, run_id))  # writes out
+        episodes, _ = asyncio.run(_teach(run, pool, book, workers, chosen, out.folder, run_id,
+                                         worker_cache(run, layout)))  # writes out
     passed = episodes.groupby("task_id").success.any()
     write_manifest(layout.orchestra_manifests, "orchestra-teacher", run, [tasks, pool_file, book_file], out.paths(),
                    {"trajectories": len(episodes), "tasks": len(chosen), "tasks_with_a_passing_trajectory": int(passed.sum()),
@@ -323,9 +337,10 @@ async def teacher_batches(cfg: OrchestraTeacher, pool, workers, chosen: list, ru
             for name, (controller, batch) in teacher_controllers(chosen, pool, lazy).items()]
 
 
-async def _teach(run: OrchestraRun, pool, book, workers, chosen: list, out_dir: Path, run_id: str):
+async def _teach(run: OrchestraRun, pool, book, workers, chosen: list, out_dir: Path, run_id: str,
+                 cache: WorkerCache | None = None):
     executor = Executor(pool, workers, book, ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit,
-                                                            prompt=run.prompt))
+                                                            prompt=run.prompt), cache=cache)
     try:
         batches = await teacher_batches(run.teacher, pool, workers, chosen, run_id)
         return await collect_episodes(executor, batches, out_dir, seed=run.teacher.seed)
@@ -407,6 +422,8 @@ def rollout_run_id(run: OrchestraRun, layout: Layout, stage: str, inputs: list[P
     lm = lm_config(run, layout.resolve("params.yaml"))
     settings = {"budget_usd": run.budget_usd, "turn_limit": run.turn_limit, "prompt": run.prompt, "evaluation": dataclasses.asdict(run.evaluation),
                 "model": dataclasses.asdict(lm.model), "controller": dataclasses.asdict(lm.controller)}
+    if run.anonymize_workers:  # other labels, other episodes (absent when off: earlier run ids stay valid)
+        settings["anonymize_workers"] = True
     return f"{stage}-{baseline_run_id(inputs, settings)}"
 
 
@@ -420,15 +437,26 @@ def controller_rollouts(run: OrchestraRun, layout: Layout, batches: list, out_di
     cfg = run.evaluation
     max_tokens = lm_config(run, layout.resolve("params.yaml")).controller.max_new_tokens
     config = ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit, controller_max_tokens=max_tokens,
-                            end_on_malformed=cfg.end_on_malformed, prompt=run.prompt)
+                            end_on_malformed=cfg.end_on_malformed, prompt=run.prompt,
+                            anonymize_models=run.anonymize_workers)
+    cache = worker_cache(run, layout)
     with _workers(pool, cfg.server_ctx, cfg.server_threads) as workers:
         async def collect():
             try:
-                return await collect_episodes(Executor(pool, workers, book, config), batches, out_dir, seed=cfg.seed)
+                return await collect_episodes(Executor(pool, workers, book, config, cache=cache), batches, out_dir,
+                                              seed=cfg.seed)
             finally:
                 await close_workers(workers)
 
-        return asyncio.run(collect())
+        collected = asyncio.run(collect())
+    if cache is not None:
+        log.info("worker cache %s: %s", cache.path, cache.stats.snapshot())
+    return collected
+
+
+def worker_cache(run: OrchestraRun, layout: Layout) -> WorkerCache | None:
+    """The deterministic workers' cache of this layout, if orchestra.worker_cache is on."""
+    return WorkerCache(layout.worker_cache) if run.worker_cache else None
 
 
 def tasks_of(task_list: list, splits: list[str], source: Path) -> list:
@@ -633,6 +661,7 @@ def rl_task_order(layout: Layout, rl_tasks: Path) -> list:
 
 def rl_run_record(run: OrchestraRun, lm: OrchestraConfig, cfg, tasks: list, adapter: Path) -> dict:
     """What the RL run's steps depend on; a rerun with another record is refused."""
+    from models.orchestrator.advantages import AdvantageConfig
     from models.orchestrator.rl import adapter_fingerprint
 
     record = {"settings": dataclasses.asdict(cfg.settings), "advantages": dataclasses.asdict(cfg.advantages),
@@ -641,7 +670,20 @@ def rl_run_record(run: OrchestraRun, lm: OrchestraConfig, cfg, tasks: list, adap
                            "controller": dataclasses.asdict(lm.controller), "pool": run.pool,
                            "price_book": run.price_book},
               "tasks": [t.task_id for t in tasks], "sft_adapter_sha256": adapter_fingerprint(Path(adapter))}
+    # Keys added after runs were recorded are left out at their defaults, so those runs still resume;
+    # a setting that changes the steps is recorded when it is on.
+    for key in ADVANTAGE_KEYS_ADDED:
+        if record["advantages"][key] == getattr(AdvantageConfig(), key):
+            del record["advantages"][key]
+    if run.anonymize_workers:
+        record["rollouts"]["anonymize_workers"] = True
+    if cfg.advantages.estimator == "agentic_grpo":  # V_t now scores a plan turn's observations (rollout_group)
+        record["advantages"]["progress"] = "verifier-confirmed observations"
     return json.loads(json.dumps(record))  # tuples → lists, as read back
+
+
+# AdvantageConfig keys of issue 23 (eq. 5, eq. 6, GiGPO), absent from runs recorded before them.
+ADVANTAGE_KEYS_ADDED = ("reward", "schema_bonus", "turn_return", "discount", "shaping_bound", "anchor_weight")
 
 
 def rl_checkpoints(folder: Path) -> list[Path]:
@@ -753,17 +795,21 @@ def anchor_states(messages: list) -> list[str]:
     return states
 
 
-def rollout_metrics(results: list, group, alpha: float, workers: list[str] = ()) -> dict[str, float]:
-    """The group's reward components and behaviour: mean V, mean C (normalised), mean R = V − αC, USD,
+def rollout_metrics(results: list, group, alpha: float, workers: list[str] = (), config=None) -> dict[str, float]:
+    """The group's reward components and behaviour: mean V, mean C (normalised), mean R (config's reward:
+    B.1's V − αC, or eq. 5; without a config V − αC), USD,
     success rate, controller turns, malformed turns, and each worker's share of the worker calls (the
     usage ratios; every pool worker in `workers` is logged, 0 when not called)."""
     import numpy as np
+
+    from models.orchestrator.advantages import rewards
 
     calls = [row["worker"] for r in results for row in r.turns if row["actor"] == WORKER_ACTOR]
     verifier = np.array([g.verifier for g in group.rollouts])
     cost = np.array([g.cost for g in group.rollouts])
     metrics = {"reward/verifier_mean": float(verifier.mean()), "reward/cost_mean": float(cost.mean()),
-               "reward/return_mean": float((verifier - alpha * cost).mean()),
+               "reward/return_mean": float(np.mean(rewards(group, config)) if config is not None
+                                           else (verifier - alpha * cost).mean()),
                "reward/usd_mean": float(np.mean([r.episode["cost_usd"] for r in results])),
                "success_rate": float(np.mean([bool(r.episode["success"]) for r in results])),
                "controller_turns_mean": float(np.mean([len(r.controller_turns) for r in results])),
@@ -787,6 +833,7 @@ async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: st
 
     n, g = trainer.step_count + 1, cfg.group_size
     started = time.perf_counter()
+    cache_before = executor.cache.stats.snapshot() if executor.cache is not None else None
     # The trainer's own PEFT model: each step samples the policy as the previous update left it.
     controller = LMController(trainer.model, trainer.tokenizer,
                               dataclasses.replace(generation, seed=generation.seed + 10_000 * n),
@@ -799,7 +846,8 @@ async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: st
     else:
         results = await executor.run_group(task, controller, run_id, seeds)
     rollout_seconds = time.perf_counter() - started
-    group = rollout_group(results, normaliser, task.task_id, tree)
+    group = rollout_group(results, normaliser, task.task_id, tree, cfg.advantages,
+                          answer_scorer(task, executor.verifier))
     advantages = turn_advantages(cfg.advantages, group)
     batch = RolloutBatch.from_conversations(trainer.tokenizer, [r.messages for r in results],
                                             [a.tolist() for a in advantages],
@@ -818,8 +866,20 @@ async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: st
             "scores": [float(r.episode["score"]) for r in results],
             "advantages": [[round(float(x), 6) for x in a] for a in advantages],
             "truncated": batch.truncated, **{k: v for k, v in stats.items() if k not in ("step", "seconds")},
-            **rollout_metrics(results, group, cfg.advantages.alpha, sorted(executor.workers)), "rollout_seconds": rollout_seconds,
+            **rollout_metrics(results, group, cfg.advantages.alpha, sorted(executor.workers), cfg.advantages),
+            **cache_metrics(cache_before, executor.cache), "rollout_seconds": rollout_seconds,
             "update_seconds": stats["seconds"], "step_seconds": time.perf_counter() - started}
+
+
+def cache_metrics(before: dict | None, cache: WorkerCache | None) -> dict[str, float]:
+    """This step's worker-cache hits, misses (deterministic calls made) and uncacheable (sampling
+    workers') calls, and the hit rate among cacheable calls; nothing when the cache is off."""
+    if before is None or cache is None:
+        return {}
+    now = cache.stats.snapshot()
+    hits, misses = now["hits"] - before["hits"], now["misses"] - before["misses"]
+    return {"cache/hits": hits, "cache/misses": misses, "cache/uncacheable": now["uncacheable"] - before["uncacheable"],
+            "cache/hit_rate": hits / (hits + misses) if hits + misses else 0.0}
 
 
 STEP_KEYS_NOT_LOGGED = ("step", "task_id", "episodes", "scores", "advantages")
@@ -887,7 +947,9 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
     generation = dataclasses.replace(lm.controller, temperature=settings.temperature, top_p=1.0)
     executor_config = ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit,
                                      controller_max_tokens=lm.controller.max_new_tokens,
-                                     end_on_malformed=run.evaluation.end_on_malformed, prompt=run.prompt)
+                                     end_on_malformed=run.evaluation.end_on_malformed, prompt=run.prompt,
+                                     anonymize_models=run.anonymize_workers)
+    cache = worker_cache(run, layout)
     run_id = rollout_run_id(run, layout, "rl", run_inputs(run, layout, Path(rl_tasks), *sorted(Path(adapter).glob("*"))))
 
     def checkpoint() -> Path:
@@ -905,7 +967,7 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
         if not trainer.finished:
             with _workers(pool, run.evaluation.server_ctx, run.evaluation.server_threads) as workers:
                 async def loop():
-                    executor = Executor(pool, workers, book, executor_config)
+                    executor = Executor(pool, workers, book, executor_config, cache=cache)
                     try:
                         while not trainer.finished:
                             task = task_list[trainer.step_count % len(task_list)]
@@ -927,7 +989,8 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
         result = {"global_step": trainer.step_count, "resumed_from_step": resumed_from,
                   "train_seconds": round(time.perf_counter() - started, 3), "checkpoint": str(last),
                   "adapter_dir": str(adapter_out), "sft_adapter": str(adapter), "group_size": cfg.group_size,
-                  "estimator": cfg.advantages.estimator, "tasks": record["tasks"], "steps": steps}
+                  "estimator": cfg.advantages.estimator, "tasks": record["tasks"], "steps": steps,
+                  "worker_cache": cache.stats.snapshot() if cache is not None else None}
         result_file = schema.write_json_atomic(result, out_dir / RL_RESULT_FILE)
         mlflow_run = tracker.finish(adapter_out, result_file)
     metrics = {"global_step": trainer.step_count, "steps_run": trainer.step_count - (resumed_from or 0)}

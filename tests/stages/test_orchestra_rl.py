@@ -10,11 +10,12 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle threads sleep
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from routerops.config import TrackConfig  # noqa: E402
 from routerops.envs.suites import read_tasks, write_tasks  # noqa: E402
-from routerops.errors import RouteropsError  # noqa: E402
+from routerops.errors import InputError, RouteropsError  # noqa: E402
 from routerops.layout import Layout  # noqa: E402
 from stages.orchestra import OrchestraEvaluation, OrchestraRun, OrchestraTasks, rl_task_order, tasks  # noqa: E402
 
@@ -200,3 +201,72 @@ def test_tree_rollouts_need_g_to_split_evenly_into_branches():
         rl_config({"estimator": "tree_grpo", "group_size": 4, "tree_branches": 3})
     with pytest.raises(RouteropsError, match="tree_branches"):
         rl_config({"tree_branches": 1})
+
+
+def test_the_rollout_group_fills_every_turn_field_so_mt_grpo_gigpo_and_eq5_eq6_run_on_it():
+    from types import SimpleNamespace
+
+    from models.orchestrator.advantages import AdvantageConfig, CostNormaliser, turn_advantages
+    from routerops.envs.qa import score_answer
+    from routerops.orchestra.render import render_observations
+    from routerops.types import Task
+    from stages.orchestra import answer_scorer, rollout_group
+
+    task = Task("t/1", "unit/qa", "train", "What is 6*7 + 1?", "43")
+    system, question = {"role": "system", "content": "pool table"}, {"role": "user", "content": task.prompt}
+
+    def episode(score, turns):
+        """turns: (kind, assistant text, observation or None) per controller turn."""
+        rows, messages = [], [system, question]
+        for kind, text, observation in turns:
+            rows.append({"actor": "controller", "primitive": kind, "cost_usd": 0.0, "worker": "orchestrator",
+                         "observation": observation or ""})
+            messages.append({"role": "assistant", "content": text})
+            if observation:
+                rows.append({"actor": "worker", "primitive": "sympy", "cost_usd": 1e-5, "worker": "sympy"})
+                messages.append({"role": "user", "content": observation})
+        return SimpleNamespace(episode={"score": score, "cost_usd": sum(r["cost_usd"] for r in rows),
+                                        "success": score == 1}, turns=rows, messages=messages, nodes=[])
+
+    right, wrong = render_observations([(1, "43")]), render_observations([(1, "Answer: 42")])
+    results = [episode(1.0, [("plan", "<plan A>", right), ("final_answer", "<final 43>", None)]),
+               episode(0.0, [("plan", "<plan A>", right), ("final_answer", "<final 42>", None)]),
+               episode(0.0, [("plan", "<plan B>", wrong), ("final_answer", "<final 42>", None)]),
+               episode(0.0, [("malformed", "<garbage>", None)])]
+    eta = 0.05
+    group = rollout_group(results, CostNormaliser(percentile=100), task.task_id, config=AdvantageConfig(shaping_bound=eta),
+                          score_text=answer_scorer(task, score_answer))
+    # U_t = V_t: a plan scores what the verifier confirms of its observations, an answer its own score
+    assert [[t.score for t in r.turns] for r in group.rollouts] == [[1.0, 1.0], [1.0, 0.0], [0.0, 0.0], [0.0]]
+    assert [[t.progress for t in r.turns] for r in group.rollouts] == [[1.0, 1.0], [1.0, 0.0], [0.0, 0.0], [0.0]]
+    assert [[t.shaping for t in r.turns] for r in group.rollouts] == [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [-eta]]
+    assert [r.schema_share for r in group.rollouts] == [0.5, 0.5, 0.5, 0.0]
+    # anchor states: every first turn faced the same conversation; the second turns of the two episodes
+    # whose plan and observation coincided share one, the third's differs
+    states = [[t.state for t in r.turns] for r in group.rollouts]
+    assert len({s[0] for s in states}) == 1 and states[0][1] == states[1][1] != states[2][1]
+    for estimator, extra in (("mt_grpo", {}), ("gigpo", {}), ("agentic_grpo", {"turn_return": "eq6"}),
+                             ("grpo", {"reward": "eq5"}), ("agentic_grpo", {})):
+        advantages = turn_advantages(AdvantageConfig(estimator=estimator, group_size=4, **extra), group)
+        assert [len(a) for a in advantages] == [2, 2, 2, 1] and all(np.isfinite(a).all() for a in advantages)
+    # MT-GRPO credits the plan whose observation held the answer over the one whose did not (same turn index)
+    mt = turn_advantages(AdvantageConfig(estimator="mt_grpo", group_size=4, alpha=0.0), group)
+    assert mt[1][0] > mt[2][0]
+    # GiGPO: episodes 0 and 1 faced the same state at turn 1, the right answer there is pushed above the wrong one
+    # (M_t = ±1 between them), the third episode's turn 1 faced a state of its own (M_t = 0)
+    gi = turn_advantages(AdvantageConfig(estimator="gigpo", group_size=4, alpha=0.0), group)
+    a_g = turn_advantages(AdvantageConfig(estimator="grpo", group_size=4, alpha=0.0), group)
+    anchor = [g - a for g, a in zip(gi, a_g)]
+    assert [anchor[0][1], anchor[1][1], anchor[2][1]] == pytest.approx([1.0, -1.0, 0.0], abs=1e-4)
+
+
+def test_the_blind_worker_and_cache_switches_load_off_and_on_and_refuse_other_values(tmp_path):
+    from stages.orchestra import load_run
+
+    demo, paper = load_run(REPO / "params.yaml"), load_run(REPO / "configs/paper/orchestra.yaml")
+    assert (demo.anonymize_workers, paper.anonymize_workers) == (False, True)
+    assert demo.worker_cache and paper.worker_cache
+    bad = tmp_path / "params.yaml"
+    bad.write_text("orchestra:\n  anonymize_workers: sometimes\n")
+    with pytest.raises(InputError, match="orchestra.anonymize_workers"):
+        load_run(bad)
