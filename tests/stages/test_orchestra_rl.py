@@ -132,6 +132,52 @@ def test_rl_stage_trains_the_sft_adapter_on_train_rollouts_tracks_every_step_and
         rl(small_run(tmp_path, max_steps=3), layout, layout.orchestra_rl_tasks, sft_adapter)
 
 
+@pytest.mark.slow
+def test_mt_grpo_runs_end_to_end_in_the_stage_blind_and_with_the_worker_cache(tmp_path, monkeypatch):
+    """MT-GRPO (B.6–B.7) through the real stage at the smallest scale: one step of G = 2 rollouts of the
+    SFT'd SmolLM2 controller through the llama.cpp workers, with the blind-worker protocol and the
+    worker cache on; U_t comes from rollout_group."""
+    import dataclasses
+
+    import mlflow
+    import torch
+
+    from models.orchestrator.lm import base_model_folder
+    from models.orchestrator.sft import train_sft
+    from stages.orchestra import lm_config, rl
+
+    torch.set_num_threads(2)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    run = dataclasses.replace(small_run(tmp_path, estimator="mt_grpo", max_steps=1), anonymize_workers=True)
+    layout = Layout(tmp_path)
+    cached = base_model_folder(lm_config(run).model)
+    layout.model_cache.mkdir(parents=True)
+    (layout.model_cache / cached.name).symlink_to(cached, target_is_directory=True)
+    curriculum(run, layout)
+    data = tmp_path / "sft_data.jsonl"
+    data.write_text("".join(json.dumps({"task_id": f"t{i}", "messages": m}) + "\n" for i, m in enumerate(CONVERSATIONS)))
+    sft_adapter = train_sft(lm_config(run), data, tmp_path / "sft", model_cache=layout.model_cache).adapter_dir
+
+    rl(run, layout, layout.orchestra_rl_tasks, sft_adapter)
+
+    result = json.loads(layout.orchestra_rl_result.read_text())
+    assert result["estimator"] == "mt_grpo" and result["global_step"] == 1
+    [step] = result["steps"]
+    assert all(np.isfinite([step["loss"], step["kl"]]))
+    for key in ("cache/hits", "cache/misses", "cache/uncacheable", "cache/hit_rate"):
+        assert key in step
+    assert result["worker_cache"]["hits"] + result["worker_cache"]["misses"] == step["cache/hits"] + step["cache/misses"]
+    rolled = [json.loads(line) for line in (layout.orchestra_rl_run / "rollouts.jsonl").read_text().splitlines()]
+    system = [json.loads(r["episode"]["conversation"])[0]["content"] for r in rolled]
+    # one MT-GRPO advantage per controller turn of each rollout
+    assert [len(a) for a in step["advantages"]] == [sum(t["actor"] == "controller" for t in r["turns"]) for r in rolled]
+    assert all("Worker1" in text and "smol-direct" not in text and "smol-cot" not in text for text in system)
+    client = mlflow.tracking.MlflowClient()
+    [tracked] = mlflow.search_runs(experiment_names=["orchestra-rl-test"], output_format="list")
+    assert [m.step for m in client.get_metric_history(tracked.info.run_id, "cache/misses")] == [1]
+    assert tracked.data.params["advantages.estimator"] == "mt_grpo"
+
+
 def test_the_demo_and_paper_rl_sections_load_with_the_papers_values_where_it_gives_them():
     from models.orchestrator.rl import rl_config
     from stages.orchestra import load_run
