@@ -175,6 +175,12 @@ class Layout:
         return self.root / ".routerops/orchestra"
 
 
+    @property
+    def worker_cache(self) -> Path:
+        """Deterministic workers' results (routerops/workers/cache.py), shared by the stages that call
+        workers through the orchestrator's executor; a cache, not a DVC output."""
+        return self.root / ".routerops/worker_cache.sqlite"
+
     # ---- orchestrator pipeline: the baseline rows of its results table (stages/orchestra.baselines)
     @property
     def orchestra_baselines(self) -> Trajectories:

@@ -20,6 +20,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 import yaml
@@ -57,6 +58,7 @@ from routerops.promotion import GateConfig, Outcomes
 from routerops.pricing import check_pool_priced, load_pool, load_price_book
 from routerops.validation import ephemeral_context, run_suite
 from routerops.workers import build_workers, check_pool_runnable
+from routerops.workers.cache import WorkerCache
 from routerops.workers.llm import api_key_for
 from routerops.workers.server import local_llm_server
 from stages.manifest import write_manifest
@@ -163,6 +165,15 @@ class OrchestraRun:
     controller: dict = field(default_factory=dict)
     sft: dict = field(default_factory=dict)
     rl: dict = field(default_factory=dict)  # orchestra.rl: models/orchestrator/rl.py rl_config (estimator + update)
+    # 004 §5's blind-worker protocol: the LM controller sees the pool's LLM workers only as Worker1..K,
+    # the mapping to the real workers drawn anew per episode (Executor's worker_labels), in RL and in
+    # its own rollouts (probe, evaluation, gate) so that it is judged on what it was trained on. Tools
+    # keep their names; the teacher routes by name. Off in the demo: its SFT data name the workers.
+    anonymize_workers: bool = False
+    # Replay deterministic workers' results (tools; LLMs at temperature 0) from Layout.worker_cache
+    # (routerops/workers/cache.py) in the teacher, the controller's rollouts and RL; sampling workers
+    # are always called.
+    worker_cache: bool = True
     track: TrackConfig = field(default_factory=TrackConfig)  # params.yaml's `track` section, not `orchestra`
 
 
@@ -171,6 +182,9 @@ def load_run(path: str | Path = "params.yaml") -> OrchestraRun:
     if isinstance(raw, dict) and "track" in raw:
         raise InputError(path, "orchestra.track", "unknown key (tracking is the top-level `track` section)")
     run = _build(OrchestraRun, raw, path, "orchestra")
+    for name in ("anonymize_workers", "worker_cache"):
+        if not isinstance(getattr(run, name), bool):
+            raise InputError(path, f"orchestra.{name}", f"expected true or false, got {getattr(run, name)!r}")
     lm_config(run, path)  # the LM sections are checked at load too, before any stage runs
     rl_config(run.rl, str(path))
     return dataclasses.replace(run, track=load_params(path, sections=("track",)).track)
@@ -282,7 +296,8 @@ def teacher(run: OrchestraRun, layout: Layout, tasks: Path) -> Trajectories:
                                                              "kind": cfg.kind, "llm_worker": cfg.llm_worker,
                                                              "prompt": run.prompt})
     with _workers(pool, cfg.server_ctx, cfg.server_threads) as workers:
-        episodes, _ = asyncio.run(_teach(run, pool, book, workers, chosen, out.folder, run_id))  # writes out
+        episodes, _ = asyncio.run(_teach(run, pool, book, workers, chosen, out.folder, run_id,
+                                         worker_cache(run, layout)))  # writes out
     passed = episodes.groupby("task_id").success.any()
     write_manifest(layout.orchestra_manifests, "orchestra-teacher", run, [tasks, pool_file, book_file], out.paths(),
                    {"trajectories": len(episodes), "tasks": len(chosen), "tasks_with_a_passing_trajectory": int(passed.sum()),
@@ -323,9 +338,10 @@ async def teacher_batches(cfg: OrchestraTeacher, pool, workers, chosen: list, ru
             for name, (controller, batch) in teacher_controllers(chosen, pool, lazy).items()]
 
 
-async def _teach(run: OrchestraRun, pool, book, workers, chosen: list, out_dir: Path, run_id: str):
+async def _teach(run: OrchestraRun, pool, book, workers, chosen: list, out_dir: Path, run_id: str,
+                 cache: WorkerCache | None = None):
     executor = Executor(pool, workers, book, ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit,
-                                                            prompt=run.prompt))
+                                                            prompt=run.prompt), cache=cache)
     try:
         batches = await teacher_batches(run.teacher, pool, workers, chosen, run_id)
         return await collect_episodes(executor, batches, out_dir, seed=run.teacher.seed)
@@ -393,7 +409,7 @@ def write_jsonl_atomic(records: list[dict], path: Path) -> Path:
 
 
 def load_controller(run: OrchestraRun, layout: Layout, adapter: Path | None = None,
-                    version: str | None = None) -> LMController:
+                    version: str | None = None):
     """The LM controller, priced as `orchestrator` (configs/prices): π(0) without an adapter, the SFT'd
     or RL'd controller with one; `version` (base / sft / rl) tells their episodes apart."""
     config = lm_config(run, layout.resolve("params.yaml"))
@@ -407,6 +423,8 @@ def rollout_run_id(run: OrchestraRun, layout: Layout, stage: str, inputs: list[P
     lm = lm_config(run, layout.resolve("params.yaml"))
     settings = {"budget_usd": run.budget_usd, "turn_limit": run.turn_limit, "prompt": run.prompt, "evaluation": dataclasses.asdict(run.evaluation),
                 "model": dataclasses.asdict(lm.model), "controller": dataclasses.asdict(lm.controller)}
+    if run.anonymize_workers:  # other labels, other episodes (absent when off: earlier run ids stay valid)
+        settings["anonymize_workers"] = True
     return f"{stage}-{baseline_run_id(inputs, settings)}"
 
 
@@ -420,15 +438,26 @@ def controller_rollouts(run: OrchestraRun, layout: Layout, batches: list, out_di
     cfg = run.evaluation
     max_tokens = lm_config(run, layout.resolve("params.yaml")).controller.max_new_tokens
     config = ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit, controller_max_tokens=max_tokens,
-                            end_on_malformed=cfg.end_on_malformed, prompt=run.prompt)
+                            end_on_malformed=cfg.end_on_malformed, prompt=run.prompt,
+                            anonymize_models=run.anonymize_workers)
+    cache = worker_cache(run, layout)
     with _workers(pool, cfg.server_ctx, cfg.server_threads) as workers:
         async def collect():
             try:
-                return await collect_episodes(Executor(pool, workers, book, config), batches, out_dir, seed=cfg.seed)
+                return await collect_episodes(Executor(pool, workers, book, config, cache=cache), batches, out_dir,
+                                              seed=cfg.seed)
             finally:
                 await close_workers(workers)
 
-        return asyncio.run(collect())
+        collected = asyncio.run(collect())
+    if cache is not None:
+        log.info("worker cache %s: %s", cache.path, cache.stats.snapshot())
+    return collected
+
+
+def worker_cache(run: OrchestraRun, layout: Layout) -> WorkerCache | None:
+    """The deterministic workers' cache of this layout, if orchestra.worker_cache is on."""
+    return WorkerCache(layout.worker_cache) if run.worker_cache else None
 
 
 def tasks_of(task_list: list, splits: list[str], source: Path) -> list:
@@ -660,6 +689,7 @@ PROBE_SEED = 900_000  # the probe's sampling seeds, apart from the steps' (n·G 
 
 def rl_run_record(run: OrchestraRun, lm: OrchestraConfig, cfg, tasks: list, adapter: Path) -> dict:
     """What the RL run's steps depend on; a rerun with another record is refused."""
+    from models.orchestrator.advantages import AdvantageConfig
     from models.orchestrator.rl import adapter_fingerprint
 
     record = {"settings": dataclasses.asdict(cfg.settings), "advantages": dataclasses.asdict(cfg.advantages),
@@ -668,7 +698,20 @@ def rl_run_record(run: OrchestraRun, lm: OrchestraConfig, cfg, tasks: list, adap
                            "controller": dataclasses.asdict(lm.controller), "pool": run.pool,
                            "price_book": run.price_book},
               "tasks": [t.task_id for t in tasks], "sft_adapter_sha256": adapter_fingerprint(Path(adapter))}
+    # Keys added after runs were recorded are left out at their defaults, so those runs still resume;
+    # a setting that changes the steps is recorded when it is on.
+    for key in ADVANTAGE_KEYS_ADDED:
+        if record["advantages"][key] == getattr(AdvantageConfig(), key):
+            del record["advantages"][key]
+    if run.anonymize_workers:
+        record["rollouts"]["anonymize_workers"] = True
+    if cfg.advantages.estimator == "agentic_grpo":  # V_t now scores a plan turn's observations (rollout_group)
+        record["advantages"]["progress"] = "verifier-confirmed observations"
     return json.loads(json.dumps(record))  # tuples → lists, as read back
+
+
+# AdvantageConfig keys of issue 23 (eq. 5, eq. 6, GiGPO), absent from runs recorded before them.
+ADVANTAGE_KEYS_ADDED = ("reward", "schema_bonus", "turn_return", "discount", "shaping_bound", "anchor_weight")
 
 
 def rl_checkpoints(folder: Path) -> list[Path]:
@@ -690,43 +733,111 @@ def controller_turn_groups(turn_rows: list[dict]) -> list[list[dict]]:
     return groups
 
 
-def rollout_group(results: list, normaliser, task_id: str, tree: bool = False):
-    """The G episodes as advantages.RolloutGroup (004 App. B).
+def rollout_group(results: list, normaliser, task_id: str, tree: bool = False, config=None,
+                  score_text: Callable[[str], float] | None = None):
+    """The G episodes as advantages.RolloutGroup (004 App. B), every per-turn field filled, so that any
+    estimator and either reward runs on it.
 
     V_g: the episode's verifier score. C_g: its USD, √-normalised by the rolling percentile (the
-    normaliser is updated with this group's costs first, §4.1 / App. A.2). Per turn: C_t, the USD of
-    the controller turn and the worker calls its plan made, normalised alike; V_t (B.10's verifier-
-    confirmed progress, which the paper leaves undefined per turn) is the verifier's score on the turn
-    that gave the final answer and 0 on every other turn: the only per-turn fact a verifier confirms
-    here; the action (plan / repair / final_answer / malformed) sets B.11's comparison cohorts. With
-    `tree`, each turn carries its node of the rollout tree (Executor.run_tree) for tree-GRPO (B.5)."""
-    from models.orchestrator.advantages import Rollout, RolloutGroup, Turn
+    normaliser is updated with this group's costs first, §4.1 / App. A.2). Per controller turn:
+    - C_t: the USD of the controller turn and the worker calls its plan made, normalised alike.
+    - V_t (B.10's "verifier-confirmed progress", which the paper leaves undefined per turn) and U_t
+      (B.6's turn score "from the downstream outcome of the decision at turn t"): what the verifier
+      confirms of the turn's own outcome. A final answer: the verifier's score of it. A plan or repair:
+      the best score the verifier gives to what its subtasks returned (each <obs>'s value: a tool's
+      printed value, else the answer in an LLM's reply; `score_text`, None: 0), i.e. whether the
+      routes it chose brought the answer into the conversation. A malformed turn: 0.
+    - r_t (eq. 6's shaping, |r_t| ≤ η = config.shaping_bound): −η on a malformed turn (schema
+      validity), 0 otherwise. A repair is not rewarded in itself: one after a correct result is waste.
+    - action: its kind (plan / repair / final_answer / malformed), B.11's and eq. 6's cohorts.
+    - state (GiGPO's anchor, B.8): a hash of the conversation the controller saw before the turn
+      (system prompt with the pool table, task, earlier turns, <obs>). Two turns share a state only if
+      the controller faced exactly the same context: the first turns of a group (unless the blind
+      protocol draws different labels per episode), siblings at a tree's branch point, and episodes
+      whose earlier turns and (deterministic, cached) observations coincided.
+    - node (with `tree`): its node of the rollout tree (Executor.run_tree) for tree-GRPO (B.5).
+    Per rollout, schema_share (eq. 5's S(τ) = schema_bonus × it): the share of its controller turns
+    that were schema-valid plan-and-route emissions (plan or repair)."""
+    from models.orchestrator.advantages import AdvantageConfig, Rollout, RolloutGroup, Turn
+    from routerops.orchestra import modes
 
+    eta = (config or AdvantageConfig()).shaping_bound
     normaliser.update([float(r.episode["cost_usd"]) for r in results])
     rollouts = []
     for r in results:
         score = min(1.0, max(0.0, float(r.episode["score"])))
-        turns = []
+        states = anchor_states(getattr(r, "messages", None) or [])
+        turns, kinds = [], []
         for k, rows in enumerate(controller_turn_groups(r.turns)):
             kind = rows[0]["primitive"] or "turn"
+            kinds.append(kind)
+            if kind == modes.KIND_FINAL_ANSWER:
+                progress = score
+            elif kind in (modes.KIND_PLAN, modes.KIND_REPAIR) and score_text is not None:
+                progress = observed_progress(rows[0].get("observation") or "", score_text)
+            else:
+                progress = 0.0
             turns.append(Turn(cost=normaliser.normalise(sum(float(x["cost_usd"]) for x in rows)),
-                              progress=score if kind == "final_answer" else 0.0, action=kind,
+                              progress=progress, score=progress, action=kind,
+                              shaping=-eta if kind == modes.KIND_MALFORMED else 0.0,
+                              state=states[k] if k < len(states) else None,
                               node=r.nodes[k] if tree else None))
-        rollouts.append(Rollout(verifier=score, cost=normaliser.normalise(float(r.episode["cost_usd"])), turns=turns))
+        share = sum(kind in (modes.KIND_PLAN, modes.KIND_REPAIR) for kind in kinds) / max(len(kinds), 1)
+        rollouts.append(Rollout(verifier=score, cost=normaliser.normalise(float(r.episode["cost_usd"])), turns=turns,
+                                schema_share=share))
     return RolloutGroup(tuple(rollouts), task=task_id)
 
 
-def rollout_metrics(results: list, group, alpha: float, workers: list[str] = ()) -> dict[str, float]:
-    """The group's reward components and behaviour: mean V, mean C (normalised), mean R = V − αC, USD,
+def observed_progress(observation: str, score_text: Callable[[str], float]) -> float:
+    """The best verifier score among a plan turn's <obs> results (0 when it has none)."""
+    from routerops.orchestra.render import parse_observations
+
+    try:
+        results = parse_observations(observation)
+    except ValueError:  # an <error> block (a malformed turn answered), not observations
+        return 0.0
+    return max((min(1.0, max(0.0, float(score_text(text)))) for _, text in results), default=0.0)
+
+
+def answer_scorer(task, verifier) -> Callable[[str], float]:
+    """`score_text` for rollout_group: a worker's result scored as an answer to `task` by the task's
+    verifier — a tool's printed value if it printed one, else the answer an LLM's reply gives."""
+    from routerops.envs.qa import extract_answer, tool_value
+
+    def score(text: str) -> float:
+        candidate = tool_value(text) or extract_answer(text)
+        return float(verifier(task, candidate)) if candidate else 0.0
+
+    return score
+
+
+def anchor_states(messages: list) -> list[str]:
+    """Per assistant message, a hash of every message before it: the state its turn was taken from."""
+    import hashlib
+
+    states = []
+    for i, message in enumerate(messages):
+        if message.get("role") == "assistant":
+            prefix = json.dumps(messages[:i], ensure_ascii=False, sort_keys=True)
+            states.append(hashlib.sha256(prefix.encode()).hexdigest()[:16])
+    return states
+
+
+def rollout_metrics(results: list, group, alpha: float, workers: list[str] = (), config=None) -> dict[str, float]:
+    """The group's reward components and behaviour: mean V, mean C (normalised), mean R (config's reward:
+    B.1's V − αC, or eq. 5; without a config V − αC), USD,
     success rate, controller turns, malformed turns, and each worker's share of the worker calls (the
     usage ratios; every pool worker in `workers` is logged, 0 when not called)."""
     import numpy as np
+
+    from models.orchestrator.advantages import rewards
 
     calls = [row["worker"] for r in results for row in r.turns if row["actor"] == WORKER_ACTOR]
     verifier = np.array([g.verifier for g in group.rollouts])
     cost = np.array([g.cost for g in group.rollouts])
     metrics = {"reward/verifier_mean": float(verifier.mean()), "reward/cost_mean": float(cost.mean()),
-               "reward/return_mean": float((verifier - alpha * cost).mean()),
+               "reward/return_mean": float(np.mean(rewards(group, config)) if config is not None
+                                           else (verifier - alpha * cost).mean()),
                "reward/usd_mean": float(np.mean([r.episode["cost_usd"] for r in results])),
                "success_rate": float(np.mean([bool(r.episode["success"]) for r in results])),
                "controller_turns_mean": float(np.mean([len(r.controller_turns) for r in results])),
@@ -751,6 +862,7 @@ async def rl_step(trainer, executor: Executor, cfg, controller, generation, task
 
     n, g = trainer.step_count + 1, cfg.group_size
     started = time.perf_counter()
+    cache_before = executor.cache.stats.snapshot() if executor.cache is not None else None
     # Each step samples the policy as the previous update left it, under its own seed.
     prepare_rl_controller(controller, generation, n)
     seeds = [n * g + i for i in range(g)]
@@ -761,7 +873,8 @@ async def rl_step(trainer, executor: Executor, cfg, controller, generation, task
     else:
         results = await executor.run_group(task, controller, run_id, seeds)
     rollout_seconds = time.perf_counter() - started
-    group = rollout_group(results, normaliser, task.task_id, tree)
+    group = rollout_group(results, normaliser, task.task_id, tree, cfg.advantages,
+                          answer_scorer(task, executor.verifier))
     advantages = turn_advantages(cfg.advantages, group)
     batch = RolloutBatch.from_conversations(trainer.tokenizer, [r.messages for r in results],
                                             [a.tolist() for a in advantages],
@@ -781,7 +894,8 @@ async def rl_step(trainer, executor: Executor, cfg, controller, generation, task
             "advantages": [[round(float(x), 6) for x in a] for a in advantages],
             "truncated": batch.truncated, **{k: v for k, v in stats.items() if k not in ("step", "seconds")},
             "controller_tokens": sum(t.completion_tokens for r in results for t in r.controller_turns),
-            **rollout_metrics(results, group, cfg.advantages.alpha, sorted(executor.workers)), "rollout_seconds": rollout_seconds,
+            **rollout_metrics(results, group, cfg.advantages.alpha, sorted(executor.workers), cfg.advantages),
+            **cache_metrics(cache_before, executor.cache), "rollout_seconds": rollout_seconds,
             "update_seconds": stats["seconds"], "step_seconds": time.perf_counter() - started}
 
 
@@ -799,6 +913,17 @@ def prepare_rl_controller(controller, generation, step: int) -> None:
     controller.settings = dataclasses.replace(generation, seed=generation.seed + 10_000 * step)
     controller.calls = 0
     controller.version = f"rl-step{step}"
+
+
+def cache_metrics(before: dict | None, cache: WorkerCache | None) -> dict[str, float]:
+    """This step's worker-cache hits, misses (deterministic calls made) and uncacheable (sampling
+    workers') calls, and the hit rate among cacheable calls; nothing when the cache is off."""
+    if before is None or cache is None:
+        return {}
+    now = cache.stats.snapshot()
+    hits, misses = now["hits"] - before["hits"], now["misses"] - before["misses"]
+    return {"cache/hits": hits, "cache/misses": misses, "cache/uncacheable": now["uncacheable"] - before["uncacheable"],
+            "cache/hit_rate": hits / (hits + misses) if hits + misses else 0.0}
 
 
 STEP_KEYS_NOT_LOGGED = ("step", "task_id", "episodes", "scores", "advantages")
@@ -868,7 +993,9 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
     generation = dataclasses.replace(lm.controller, temperature=settings.temperature, top_p=1.0)
     executor_config = ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit,
                                      controller_max_tokens=lm.controller.max_new_tokens,
-                                     end_on_malformed=run.evaluation.end_on_malformed, prompt=run.prompt)
+                                     end_on_malformed=run.evaluation.end_on_malformed, prompt=run.prompt,
+                                     anonymize_models=run.anonymize_workers)
+    cache = worker_cache(run, layout)
     run_id = rollout_run_id(run, layout, "rl", run_inputs(run, layout, Path(rl_tasks), *sorted(Path(adapter).glob("*"))))
 
     def checkpoint() -> Path:
@@ -886,7 +1013,7 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
         if not trainer.finished:
             with _workers(pool, run.evaluation.server_ctx, run.evaluation.server_threads) as workers:
                 async def loop():
-                    executor = Executor(pool, workers, book, executor_config)
+                    executor = Executor(pool, workers, book, executor_config, cache=cache)
                     controller = rl_controller(trainer, generation)
                     try:
                         visit = task_list
@@ -917,7 +1044,8 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
                   "probe_success_rate": probed["success_rate"] if probed else None,
                   "train_seconds": round(time.perf_counter() - started, 3), "checkpoint": str(last),
                   "adapter_dir": str(adapter_out), "sft_adapter": str(adapter), "group_size": cfg.group_size,
-                  "estimator": cfg.advantages.estimator, "tasks": record["tasks"], "steps": steps}
+                  "estimator": cfg.advantages.estimator, "tasks": record["tasks"], "steps": steps,
+                  "worker_cache": cache.stats.snapshot() if cache is not None else None}
         result_file = schema.write_json_atomic(result, out_dir / RL_RESULT_FILE)
         curves = plot_rl_curves({cfg.advantages.estimator: [steps]}, layout.orchestra_rl_curves,
                                 f"orchestra-rl from the SFT adapter, G = {cfg.group_size}")

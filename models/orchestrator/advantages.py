@@ -11,17 +11,20 @@ App. B's displayed equations are unnumbered; we number them in order of appearan
     B.5  T_b  = (R_b − R̄_B) / (σ_B + ε)           tree-GRPO: branch return against its sibling set B
     B.6  B_t  = (U_t − Ū) / (σ_U + ε)             MT-GRPO: group-normalised turn score
     B.7  Â_t  = A_g + ρ·B_t
-    B.8, B.9  GiGPO, an ablation baseline (not implemented: it groups turns by semantically equivalent
-              anchor states, which needs a state-equivalence test this project does not have)
+    B.8  M_t  = (Q_t − Q̄_C) / (σ_Q + ε)           GiGPO: Q_t against the turns of its anchor group C
+    B.9  Ã_t  = A_g + η·M_t
     B.10 S_t  = w_t·R_g + γ·V_t − α·C_t           Agentic-GRPO: shaped per-turn score
     B.11 D_t  = (S_t − S̄) / (σ_S + ε)
     B.12 A*_t = A_g + D_t
 
-Where the paper says two things, App. B is followed here (the form all four estimators share):
-- §4.1 eq. 5 gives a verifier-gated terminal reward b·[(1−α) + α(1−ĉ)] + (1−b)·S(τ); App. B's
-  baselines use B.1, R = V − α·C. Both share α and the normalised cost ĉ = C (`CostNormaliser`).
-- §4.2 eq. 6 uses γ as a discount on a turn-level return; in B.10 γ weights the per-turn progress V_t.
-  `AdvantageConfig.gamma` is B.10's γ.
+Where the paper says two things, both are here and App. B's form is the default:
+- The terminal reward R_g (`reward`): App. B's B.1, R = V − α·C (`app_b`), or §4.1 eq. 5's verifier-
+  gated R = b·[(1−α) + α(1−ĉ)] + (1−b)·S(τ), S(τ) ∈ [0, 0.10] (`eq5`). Both share α and the normalised
+  cost ĉ = C (`CostNormaliser`); every estimator compares whichever R_g is chosen.
+- Agentic-GRPO's turn credit (`turn_return`): App. B's B.10–B.12 (`b10`), or §4.2 eq. 6's discounted
+  turn-level return R̃_t = γ^(T−t)·R + Σ_{s≥t} γ^(s−t)·r_s, standardised over comparable turns (`eq6`).
+  The two γ differ: in B.10 γ weights the per-turn progress V_t (`gamma`); in eq. 6 it is a discount
+  (`discount`, also GiGPO's discount of Q_t).
 """
 
 from __future__ import annotations
@@ -37,7 +40,10 @@ import numpy as np
 from routerops.config import section_from_mapping
 from routerops.errors import InputError
 
-ESTIMATORS = ("grpo", "tree_grpo", "mt_grpo", "agentic_grpo")
+ESTIMATORS = ("grpo", "tree_grpo", "mt_grpo", "gigpo", "agentic_grpo")
+REWARDS = ("app_b", "eq5")  # B.1 or §4.1 eq. 5
+TURN_RETURNS = ("b10", "eq6")  # Agentic-GRPO's turn credit: B.10–B.12 or §4.2 eq. 6
+SCHEMA_BONUS_CAP = 0.10  # §4.1 eq. 5: S(τ) ∈ [0, 0.10] "keeps the verifier dominant"
 CONFIG_SECTION = "orchestra.rl"
 
 
@@ -74,6 +80,27 @@ class AdvantageConfig:
     # The ε of B.2, B.5, B.6, B.11. The paper gives no value; 1e-6 keeps it negligible beside any σ that
     # unit-scale rewards produce, while bounding |A| when σ is tiny but not zero.
     epsilon: float = 1e-6
+    # The terminal reward R_g every estimator compares: "app_b" (B.1, V − α·C) or "eq5" (§4.1 eq. 5).
+    reward: str = "app_b"
+    # eq5's S(τ) = schema_bonus × the share of the rollout's controller turns that were schema-valid
+    # plan-and-route emissions (`Rollout.schema_share`), paid only when the verifier is unsatisfied
+    # (b = 0). §4.1 caps S at 0.10; a larger value is refused. The paper gives S's form only as
+    # "rewards schema-valid plan-and-route emissions"; the cap itself is the natural value.
+    schema_bonus: float = 0.10
+    # Agentic-GRPO's turn credit: "b10" (B.10–B.12, A*_t = A_g + D_t) or "eq6" (§4.2 eq. 6, Â_{i,t}).
+    turn_return: str = "b10"
+    # γ of eq. 6, discounting the terminal reward back to earlier turns, and GiGPO's discount of Q_t.
+    # The paper gives none. 0.9: at Tmax = 8 the first turn of a full-length episode keeps 0.9^7 ≈ 0.48
+    # of R, so early decisions are credited less than late ones but not silenced.
+    discount: float = 0.9
+    # η of eq. 6: the per-turn shaping r_t ∈ [−η, η] ("e.g. schema validity, repair indicator", bounded
+    # by η ≪ 1 "so it cannot overpower the verifier"). The stage gives a malformed turn −η and every
+    # other turn 0. The paper gives no value; 0.05 is half of eq. 5's cap on S, and more than 0.10 is
+    # refused (the same bound §4.1 puts on every shaping term).
+    shaping_bound: float = 0.05
+    # B.9's η: how much of GiGPO's anchor-state advantage M_t joins A_g. The paper gives no value; 1.0
+    # weighs the two unit-scale normalised terms equally, as B.12 does.
+    anchor_weight: float = 1.0
 
     def __post_init__(self) -> None:
         problem = setting_problem(self)
@@ -98,6 +125,22 @@ def setting_problem(config: AdvantageConfig) -> tuple[str, str] | None:
         return "cost_percentile", f"{config.cost_percentile} is not in (0, 100]"
     if not 0 < config.epsilon < math.inf:
         return "epsilon", f"{config.epsilon} must be finite and > 0"
+    if config.reward not in REWARDS:
+        return "reward", f"{config.reward!r} is not one of {REWARDS}"
+    if not 0 <= config.schema_bonus <= SCHEMA_BONUS_CAP:
+        return "schema_bonus", f"{config.schema_bonus} is not in [0, {SCHEMA_BONUS_CAP}] (§4.1 eq. 5: S(τ) ≤ 0.10)"
+    if config.turn_return not in TURN_RETURNS:
+        return "turn_return", f"{config.turn_return!r} is not one of {TURN_RETURNS}"
+    if config.turn_return == "eq6" and config.estimator != "agentic_grpo":
+        return "turn_return", (f"eq6 is Agentic-GRPO's turn-level return (§4.2); estimator {config.estimator!r} "
+                               "has no turn return to replace")
+    if not 0 < config.discount <= 1:
+        return "discount", f"{config.discount} is not in (0, 1]"
+    if not 0 <= config.shaping_bound <= SCHEMA_BONUS_CAP:
+        return "shaping_bound", (f"{config.shaping_bound} is not in [0, {SCHEMA_BONUS_CAP}] (§4.2: η ≪ 1; held to "
+                                 "§4.1's cap on shaping)")
+    if not 0 <= config.anchor_weight < math.inf:
+        return "anchor_weight", f"{config.anchor_weight} must be finite and ≥ 0"
     return None
 
 
@@ -131,6 +174,11 @@ class Turn:
     # tree_grpo: this turn's node in the rollout tree. Rollouts that share a prefix share its node ids
     # (and hence every earlier node); a branch is a node whose next turns differ across rollouts.
     node: str | None = None
+    # r_t ∈ [−η, η] of eq. 6 (turn_return eq6): this turn's bounded shaping reward.
+    shaping: float | None = None
+    # gigpo: the anchor state the turn's action was taken from (B.8's "semantically equivalent anchor
+    # states"): turns with equal keys faced the same state and are compared with each other.
+    state: str | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +188,9 @@ class Rollout:
     verifier: float  # V_g ∈ [0, 1]: the verifier or task-success score (B.1; §3: b ∈ {0, 1} or F1)
     cost: float  # C_g ∈ [0, 1]: the normalised resource term ĉ(τ) (B.1, §4.1), from `CostNormaliser`
     turns: tuple[Turn, ...]  # T ≥ 1 turns, in order
+    # eq5: the share of the controller's turns that were schema-valid plan-and-route emissions, ∈ [0, 1]
+    # (S(τ) = schema_bonus × this; needed only when the verifier is unsatisfied).
+    schema_share: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "turns", tuple(self.turns))
@@ -169,6 +220,8 @@ def check_unit(value: Any, where: str) -> None:
 def check_rollout(rollout: Rollout, where: str) -> None:
     check_unit(rollout.verifier, f"{where} verifier V_g")
     check_unit(rollout.cost, f"{where} cost C_g (normalise raw costs with CostNormaliser)")
+    if rollout.schema_share is not None:
+        check_unit(rollout.schema_share, f"{where} schema_share")
     if not rollout.turns:
         raise ValueError(f"{where}: has no turns (a direct answer is one turn)")
     for t, turn in enumerate(rollout.turns):
@@ -181,8 +234,13 @@ def check_rollout(rollout: Rollout, where: str) -> None:
         if turn.score is not None and (isinstance(turn.score, bool) or not isinstance(turn.score, (int, float))
                                        or not math.isfinite(turn.score)):
             raise ValueError(f"{at} score U_t: {turn.score!r} is not a finite number")
-        if turn.node is not None and (not isinstance(turn.node, str) or not turn.node):
-            raise ValueError(f"{at} node: {turn.node!r} is not a non-empty string")
+        for name in ("node", "state"):
+            value = getattr(turn, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{at} {name}: {value!r} is not a non-empty string")
+        if turn.shaping is not None and (isinstance(turn.shaping, bool) or not isinstance(turn.shaping, (int, float))
+                                         or not math.isfinite(turn.shaping)):
+            raise ValueError(f"{at} shaping r_t: {turn.shaping!r} is not a finite number")
     credits = [turn.credit for turn in rollout.turns]
     if any(c is None for c in credits) and any(c is not None for c in credits):
         raise ValueError(f"{where}: give credit w_t on every turn or on none (none = 1/T each)")
@@ -245,9 +303,38 @@ def terminal_rewards(group: RolloutGroup, alpha: float) -> np.ndarray:
     return np.array([r.verifier - alpha * r.cost for r in group.rollouts], dtype=np.float64)
 
 
+def verifier_gated_rewards(group: RolloutGroup, alpha: float, schema_bonus: float = SCHEMA_BONUS_CAP) -> np.ndarray:
+    """§4.1 eq. 5: R(τ) = b·[(1−α) + α(1−ĉ(τ))] + (1−b)·S(τ), S(τ) = schema_bonus × schema_share ∈ [0, 0.10].
+
+    b = V(q, y) "thresholded into a binary correctness signal" (§3): b = 1 when V_g = 1 (our verifiers
+    score exact match, and an episode succeeds at score 1, ExecutorConfig.success_threshold), else 0.
+    The gate: a correct rollout earns between 1 − α and 1, less the more it spent; an incorrect one
+    earns only S, never more than 0.10, whatever it spent — so a cheap wrong answer can never beat a
+    correct one and the cost term never pays for being wrong."""
+    if not 0 <= schema_bonus <= SCHEMA_BONUS_CAP:
+        raise ValueError(f"schema_bonus {schema_bonus} is not in [0, {SCHEMA_BONUS_CAP}] (§4.1 eq. 5)")
+    out = []
+    for i, r in enumerate(group.rollouts):
+        if r.verifier >= 1:
+            out.append((1 - alpha) + alpha * (1 - r.cost))
+            continue
+        if r.schema_share is None:
+            raise ValueError(f"{group.task or 'group'}: rollout {i}: eq5 needs the schema_share of a rollout the "
+                             "verifier rejects (S(τ) of §4.1); this one has none")
+        out.append(schema_bonus * r.schema_share)
+    return np.array(out, dtype=np.float64)
+
+
+def rewards(group: RolloutGroup, config: AdvantageConfig) -> np.ndarray:
+    """R_g of `config.reward` for each rollout: B.1 (app_b) or §4.1 eq. 5 (eq5)."""
+    if config.reward == "eq5":
+        return verifier_gated_rewards(group, config.alpha, config.schema_bonus)
+    return terminal_rewards(group, config.alpha)
+
+
 def trajectory_advantages(group: RolloutGroup, config: AdvantageConfig) -> np.ndarray:
     """B.2: A_g, each rollout's terminal reward against the other rollouts of the same task."""
-    return group_normalised(terminal_rewards(group, config.alpha), config.epsilon)
+    return group_normalised(rewards(group, config), config.epsilon)
 
 
 def grpo(group: RolloutGroup, config: AdvantageConfig) -> tuple[np.ndarray, ...]:
@@ -266,6 +353,25 @@ def mt_grpo(group: RolloutGroup, config: AdvantageConfig) -> tuple[np.ndarray, .
     return tuple(a + config.rho * b for a, b in zip(a_g, b_t))
 
 
+def discounted_outcomes(group: RolloutGroup, config: AdvantageConfig) -> tuple[np.ndarray, ...]:
+    """γ^(T−t)·R_g for turn t = 1 … T of each rollout (γ = config.discount): the terminal reward seen
+    from each turn, the first term of eq. 6 and GiGPO's local outcome Q_t (B.8: the return from the
+    anchor state on, which with a terminal-only reward is the discounted terminal reward)."""
+    return tuple(r_g * config.discount ** np.arange(len(r.turns) - 1, -1, -1, dtype=np.float64)
+                 for r, r_g in zip(group.rollouts, rewards(group, config)))
+
+
+def gigpo(group: RolloutGroup, config: AdvantageConfig) -> tuple[np.ndarray, ...]:
+    """GiGPO: B.9, Ã_t = A_g + η·M_t, with B.8's M_t normalising Q_t = γ^(T−t)·R_g over the anchor group:
+    every turn of the group, in any rollout and at any depth, taken from the same state (`Turn.state`).
+    A turn whose state no other turn shares gets M_t = 0 and keeps A_g alone."""
+    require_turn_field(group, "state", "its anchor state", "gigpo")
+    a_g = trajectory_advantages(group, config)
+    m_t = cohort_normalised(discounted_outcomes(group, config),
+                            [[turn.state for turn in r.turns] for r in group.rollouts], config.epsilon)
+    return tuple(a + config.anchor_weight * m for a, m in zip(a_g, m_t))
+
+
 def turn_credits(rollout: Rollout) -> np.ndarray:
     """w_t of B.10: the rollout's own credits, or 1/T on each turn when it gives none."""
     if rollout.turns[0].credit is None:
@@ -275,20 +381,44 @@ def turn_credits(rollout: Rollout) -> np.ndarray:
 
 def shaped_turn_scores(group: RolloutGroup, config: AdvantageConfig) -> tuple[np.ndarray, ...]:
     """B.10: S_t = w_t·R_g + γ·V_t − α·C_t for every turn of every rollout."""
-    rewards = terminal_rewards(group, config.alpha)
     return tuple(turn_credits(r) * r_g
                  + config.gamma * np.array([turn.progress for turn in r.turns], dtype=np.float64)
                  - config.alpha * np.array([turn.cost for turn in r.turns], dtype=np.float64)
-                 for r, r_g in zip(group.rollouts, rewards))
+                 for r, r_g in zip(group.rollouts, rewards(group, config)))
+
+
+def turn_returns(group: RolloutGroup, config: AdvantageConfig) -> tuple[np.ndarray, ...]:
+    """§4.2 eq. 6: R̃_{i,t} = γ^(T_i−t)·R(τ_i) + Σ_{s=t}^{T_i} γ^(s−t)·r_{i,s} for turn t = 1 … T_i, with
+    r_{i,s} the turn's bounded shaping (`Turn.shaping`, |r| ≤ η = config.shaping_bound)."""
+    require_turn_field(group, "shaping", "r_t", "eq6")
+    out = []
+    for (i, r), outcome in zip(enumerate(group.rollouts), discounted_outcomes(group, config)):
+        shaping = np.array([turn.shaping for turn in r.turns], dtype=np.float64)
+        if np.any(np.abs(shaping) > config.shaping_bound + 1e-12):
+            raise ValueError(f"{group.task or 'group'}: rollout {i}: shaping r_t {shaping.tolist()} exceeds "
+                             f"η = {config.shaping_bound} (§4.2 eq. 6: r_t ∈ [−η, η])")
+        to_go = np.zeros(len(shaping))  # Σ_{s≥t} γ^(s−t) r_s, accumulated from the last turn back
+        running = 0.0
+        for t in range(len(shaping) - 1, -1, -1):
+            running = shaping[t] + config.discount * running
+            to_go[t] = running
+        out.append(outcome + to_go)
+    return tuple(out)
 
 
 def agentic_grpo(group: RolloutGroup, config: AdvantageConfig) -> tuple[np.ndarray, ...]:
-    """Agentic-GRPO / Uno-RL: B.12, A*_t = A_g + D_t, with B.11's D_t normalising S_t over comparable
-    turns: same task, turn index and action type (§4.2, under eq. 6; App. A.2's "(query, turn) cohort"
-    when all turns share one action type)."""
+    """Agentic-GRPO / Uno-RL over comparable turns: same task, turn index and action type (§4.2, under
+    eq. 6; App. A.2's "(query, turn) cohort" when all turns share one action type).
+
+    turn_return "b10": B.12, A*_t = A_g + D_t, with B.11's D_t normalising B.10's S_t in the cohort.
+    turn_return "eq6": §4.2 eq. 6, Â_{i,t} = (R̃_{i,t} − μ_{q,t}) / (σ_{q,t} + ε), the advantage eq. 7
+    uses as it is (no A_g). A cohort of one gets 0, so with eq6 a turn is only ever compared with turns
+    of its own kind: a direct answer with direct answers, a plan with plans."""
+    cohorts = [[(t, turn.action) for t, turn in enumerate(r.turns)] for r in group.rollouts]
+    if config.turn_return == "eq6":
+        return cohort_normalised(turn_returns(group, config), cohorts, config.epsilon)
     require_turn_field(group, "progress", "V_t", "agentic_grpo")
     a_g = trajectory_advantages(group, config)
-    cohorts = [[(t, turn.action) for t, turn in enumerate(r.turns)] for r in group.rollouts]
     d_t = cohort_normalised(shaped_turn_scores(group, config), cohorts, config.epsilon)
     return tuple(a + d for a, d in zip(a_g, d_t))
 
@@ -355,12 +485,12 @@ def tree_grpo(group: RolloutGroup, config: AdvantageConfig) -> tuple[np.ndarray,
     by several rollouts appears in each with the same value; the trainer decides whether its tokens
     enter the loss once or once per rollout."""
     paths = tree_paths(group)
-    signal = branch_signals(paths, terminal_rewards(group, config.alpha), config.epsilon)
+    signal = branch_signals(paths, rewards(group, config), config.epsilon)
     return tuple(np.array([signal[node] for node in path], dtype=np.float64) for path in paths)
 
 
 ESTIMATOR_FUNCTIONS: dict[str, Callable[[RolloutGroup, AdvantageConfig], tuple[np.ndarray, ...]]] = {
-    "grpo": grpo, "tree_grpo": tree_grpo, "mt_grpo": mt_grpo, "agentic_grpo": agentic_grpo}
+    "grpo": grpo, "tree_grpo": tree_grpo, "mt_grpo": mt_grpo, "gigpo": gigpo, "agentic_grpo": agentic_grpo}
 
 
 def turn_advantages(config: AdvantageConfig, group: RolloutGroup) -> tuple[np.ndarray, ...]:

@@ -14,6 +14,9 @@ How each way of running (routerops.primitives) becomes calls:
   before it, so code can use earlier results.
 - sympy: the instruction is the expression, evaluated as given.
 
+Deterministic workers' results may come from a `WorkerCache` (routerops/workers/cache.py) given to
+the runner: a replayed result is priced like a fresh one, from its tokens under the runner's book.
+
 Every call is checked against the episode's budget first: its worst case (every prompt token at the
 dearer of the cached and uncached rates, plus the full completion cap) is reserved, and the call is
 refused if the reservation does not fit (MTRouter's eq. 1 rule, as in routerops.rollout). Reserving
@@ -31,6 +34,7 @@ from routerops.pricing import Pool, PriceBook, WorkerSpec
 from routerops.primitives import PrimitiveSpec
 from routerops.rollout import call_worker, max_completion_tokens, prompt_token_bound, spec_of
 from routerops.types import Payload, Worker, WorkerResult
+from routerops.workers.cache import WorkerCache
 from routerops.workers.tools import extract_code
 
 OK, WORKER_ERROR, REFUSED, SKIPPED = "ok", "worker_error", "refused", "skipped"
@@ -113,10 +117,11 @@ def worst_case_cost(spec: WorkerSpec, payload: Payload, completion_cap: int, boo
 class SubtaskRunner:
     """Executes subtasks on the pool's workers under a price book."""
 
-    def __init__(self, pool: Pool, workers: Mapping[str, Worker], book: PriceBook):
+    def __init__(self, pool: Pool, workers: Mapping[str, Worker], book: PriceBook, cache: WorkerCache | None = None):
         self.pool = pool
         self.workers = workers
         self.book = book
+        self.cache = cache  # deterministic workers' results replayed from it (None: every call is made)
 
     async def run(self, subtask: Subtask, worker: str, inputs: Mapping[int, str],
                   ledger: BudgetLedger) -> SubtaskOutcome:
@@ -149,7 +154,11 @@ class SubtaskRunner:
         worst = worst_case_cost(spec, payload, cap, self.book)
         if not ledger.reserve(worst):
             return SubtaskOutcome(REFUSED, "[not run: the episode's budget cannot cover this call]")
-        result = await call_worker(worker, payload, cap if spec.kind == "llm" else None)
+        max_tokens = cap if spec.kind == "llm" else None
+        if self.cache is not None:
+            result = await self.cache.call(worker, payload, max_tokens, primitive.name, self.book.version)
+        else:
+            result = await call_worker(worker, payload, max_tokens)
         cost = self.book.cost(spec.name, result.prompt_tokens, result.completion_tokens, result.cached_tokens)
         ledger.settle(worst, cost)
         call = Call(worker_name, payload, result, cost)

@@ -53,6 +53,7 @@ from routerops.policies import episode_rng
 from routerops.pricing import Pool, PriceBook, check_pool_priced
 from routerops.rollout import message_text, prompt_token_bound, spec_of, turn_row
 from routerops.types import Task, TurnRecord, Worker
+from routerops.workers.cache import WorkerCache
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +158,8 @@ class Executor:
     """Runs controllers' episodes over one pool, its workers and a price book."""
 
     def __init__(self, pool: Pool, workers: Mapping[str, Worker], book: PriceBook,
-                 config: ExecutorConfig = ExecutorConfig(), verifier: Verifier = score_answer):
+                 config: ExecutorConfig = ExecutorConfig(), verifier: Verifier = score_answer,
+                 cache: WorkerCache | None = None):
         check_pool_priced(pool, book)
         missing = sorted({w for w, _ in pool.admissible_pairs()} - set(workers))
         if missing:
@@ -165,7 +167,9 @@ class Executor:
         for name in workers:
             spec_of(workers[name])  # every worker carries its WorkerSpec
         self.pool, self.workers, self.book, self.config, self.verifier = pool, workers, book, config, verifier
-        self.runner = SubtaskRunner(pool, workers, book)
+        # Deterministic workers' results replayed from `cache` (routerops/workers/cache.py), if given.
+        self.cache = cache
+        self.runner = SubtaskRunner(pool, workers, book, cache)
 
     # ------------------------------------------------ episodes and groups
 

@@ -7,6 +7,7 @@ value by more than ~2e-5 here (ε/σ ≤ 1e-5 for every σ below, times |A| ≤ 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -299,3 +300,132 @@ def test_bad_settings_and_groups_built_in_code_are_refused():
                                ("tree_grpo", "node")):
         with pytest.raises(ValueError, match=f"q1: rollout 0 turn 0: {estimator} needs every turn's {missing}"):
             turn_advantages(config(estimator), group)
+
+
+# ---------------------------------------------------------------- §4.1 eq. 5, §4.2 eq. 6, GiGPO (B.8–B.9)
+
+
+def eq5_group() -> RolloutGroup:
+    """Two correct rollouts (the first at the top of the cost scale) and two the verifier rejects."""
+    return RolloutGroup(task="q5", rollouts=(
+        Rollout(verifier=1.0, cost=1.0, turns=(Turn(cost=0.5), Turn(cost=0.5))),
+        Rollout(verifier=1.0, cost=0.5, turns=(Turn(cost=0.5),)),
+        Rollout(verifier=0.0, cost=1.0, turns=(Turn(cost=1.0),), schema_share=1.0),
+        Rollout(verifier=0.0, cost=0.0, turns=(Turn(cost=0.0), Turn(cost=0.0)), schema_share=0.5)))
+
+
+def test_eq5_gates_the_cost_reward_on_the_verifier_and_caps_the_schema_term():
+    # §4.1 eq. 5, α = 0.1, S(τ) = 0.1 × schema_share:
+    #   r0: b = 1: (1 − 0.1) + 0.1·(1 − 1.0) = 0.9      r1: b = 1: 0.9 + 0.1·(1 − 0.5) = 0.95
+    #   r2: b = 0: S = 0.1·1.0 = 0.1 (its cost is not charged)    r3: b = 0: S = 0.1·0.5 = 0.05
+    #   R̄ = 2.0 / 4 = 0.5; deviations 0.4, 0.45, −0.4, −0.45; σ² = (0.16 + 0.2025)·2 / 4 = 0.18125
+    group = eq5_group()
+    eq5 = config("grpo", reward="eq5")
+    assert trajectory_advantages(group, eq5).tolist() != trajectory_advantages(group, config("grpo")).tolist()
+    from models.orchestrator.advantages import rewards
+    assert rewards(group, eq5).tolist() == pytest.approx([0.9, 0.95, 0.1, 0.05])
+    sigma = math.sqrt(0.18125)
+    assert trajectory_advantages(group, eq5).tolist() == pytest.approx(
+        [0.4 / sigma, 0.45 / sigma, -0.4 / sigma, -0.45 / sigma], abs=1e-4)
+    # B.1 on the same group: R = [0.9, 0.95, −0.1, 0.0]: the free wrong rollout beats the dear wrong one
+    # by its cost alone; under eq. 5 only the schema term orders them, and never above a correct one.
+    assert rewards(group, config("grpo")).tolist() == pytest.approx([0.9, 0.95, -0.1, 0.0])
+    # The gate: with the largest S and the dearest correct rollout, correct still wins (0.1 ≤ 0.9).
+    assert max(rewards(group, eq5)[2:]) <= min(rewards(group, eq5)[:2])
+    # The estimators all compare eq. 5's R: MT-GRPO at ρ = 0 is GRPO on it.
+    scored = RolloutGroup(task="q5", rollouts=tuple(
+        Rollout(r.verifier, r.cost, tuple(Turn(cost=t.cost, score=0.0) for t in r.turns), r.schema_share)
+        for r in group.rollouts))
+    assert as_lists(turn_advantages(config("mt_grpo", reward="eq5", rho=0.0), scored)) == approx_rows(
+        [[0.4 / sigma] * 2, [0.45 / sigma], [-0.4 / sigma], [-0.45 / sigma] * 2])
+
+
+def test_eq5_refuses_a_schema_bonus_above_the_papers_cap_and_needs_the_schema_share_of_a_wrong_rollout():
+    with pytest.raises(InputError, match="orchestra.rl.schema_bonus'.*S\\(τ\\) ≤ 0.10"):
+        advantage_config({"reward": "eq5", "schema_bonus": 0.2}, "params.yaml")
+    with pytest.raises(InputError, match="orchestra.rl.reward'.*not one of"):
+        advantage_config({"reward": "main_text"}, "params.yaml")
+    unshared = RolloutGroup(task="q5", rollouts=(Rollout(1.0, 0.0, (Turn(cost=0.0),)),
+                                                 Rollout(0.0, 0.0, (Turn(cost=0.0),))))
+    with pytest.raises(ValueError, match="q5: rollout 1: eq5 needs the schema_share"):
+        turn_advantages(config("grpo", reward="eq5", group_size=2), unshared)
+    # a correct rollout needs none: its S is never used
+    from models.orchestrator.advantages import verifier_gated_rewards
+    assert verifier_gated_rewards(RolloutGroup(rollouts=unshared.rollouts[:1]), 0.1).tolist() == [1.0]
+
+
+def eq6_group(reward_cost: float = 0.0) -> RolloutGroup:
+    def rollout(verifier, actions, shaping):
+        return Rollout(verifier, reward_cost, tuple(Turn(cost=0.0, action=a, shaping=r) for a, r in zip(actions, shaping)))
+
+    two = ("plan", "final_answer")
+    return RolloutGroup(task="q6", rollouts=(
+        rollout(1.0, two, (0.0, 0.0)), rollout(0.0, two, (0.0, -0.05)), rollout(0.5, two, (0.0, -0.025)),
+        rollout(1.0, ("final_answer",), (0.0,))))
+
+
+def test_eq6_discounts_the_terminal_reward_to_each_turn_and_standardises_over_comparable_turns():
+    # §4.2 eq. 6 with γ = 0.5, η = 0.05, R = V (B.1 with every C = 0); turns t = 1, 2:
+    #   R̃_t = γ^(T−t)·R + Σ_{s≥t} γ^(s−t)·r_s
+    #   r0: t2: 1 + 0 = 1.0                    t1: 0.5·1 + 0 + 0.5·0 = 0.5
+    #   r1: t2: 0 − 0.05 = −0.05               t1: 0.5·0 + 0 + 0.5·(−0.05) = −0.025
+    #   r2: t2: 0.5 − 0.025 = 0.475            t1: 0.5·0.5 + 0 + 0.5·(−0.025) = 0.2375
+    #   r3: t1 (T = 1): 1.0
+    # Comparable turns (same turn index and action type):
+    #   (1, plan) = [0.5, −0.025, 0.2375] = m + d, m − d, m → [√1.5, −√1.5, 0]
+    #   (2, final_answer) = [1.0, −0.05, 0.475] = m + d, m − d, m → [√1.5, −√1.5, 0]
+    #   (1, final_answer) = r3 alone → 0: eq. 6 never compares a direct answer with a plan
+    from models.orchestrator.advantages import turn_returns
+
+    group = eq6_group()
+    eq6 = config("agentic_grpo", turn_return="eq6", discount=0.5, shaping_bound=0.05, alpha=0.0)
+    assert as_lists(turn_returns(group, eq6)) == approx_rows([[0.5, 1.0], [-0.025, -0.05], [0.2375, 0.475], [1.0]])
+    assert as_lists(turn_advantages(eq6, group)) == approx_rows(
+        [[SQRT_3_2, SQRT_3_2], [-SQRT_3_2, -SQRT_3_2], [0.0, 0.0], [0.0]])
+    # eq. 5 inside eq. 6 (reward eq5, C = 1 on every rollout, schema_share 0.5 on the wrong ones):
+    #   α = 0.1. r0: R = 0.9 + 0.1·(1 − 1) = 0.9 → t2: 0.9, t1: 0.5·0.9 = 0.45
+    #   r1: R = S = 0.1·0.5 = 0.05 → t2: 0.05 − 0.05 = 0, t1: 0.5·0.05 + 0 + 0.5·(−0.05) = 0
+    costly = RolloutGroup(task="q6", rollouts=tuple(
+        Rollout(r.verifier, 1.0, r.turns, schema_share=0.5) for r in group.rollouts))
+    with_eq5 = dataclasses.replace(eq6, reward="eq5", alpha=0.1)
+    assert as_lists(turn_returns(costly, with_eq5))[:2] == approx_rows([[0.45, 0.9], [0.0, 0.0]])
+
+
+def test_eq6_refuses_shaping_beyond_eta_and_other_estimators():
+    from models.orchestrator.advantages import turn_returns
+
+    with pytest.raises(ValueError, match="exceeds η = 0.01"):
+        turn_returns(eq6_group(), config("agentic_grpo", turn_return="eq6", shaping_bound=0.01))
+    with pytest.raises(InputError, match="orchestra.rl.turn_return'.*Agentic-GRPO"):
+        advantage_config({"estimator": "grpo", "turn_return": "eq6"}, "params.yaml")
+    with pytest.raises(InputError, match="orchestra.rl.discount'"):
+        advantage_config({"discount": 0.0}, "params.yaml")
+    with pytest.raises(InputError, match="orchestra.rl.shaping_bound'"):
+        advantage_config({"shaping_bound": 0.5}, "params.yaml")
+    with pytest.raises(ValueError, match="eq6 needs every turn's shaping"):
+        turn_advantages(config("agentic_grpo", turn_return="eq6"), example_group(action=[["a", "a"]] * 2 + [["a"]] + [["a", "a"]]))
+
+
+def test_gigpo_compares_the_discounted_outcome_of_turns_taken_from_the_same_anchor_state():
+    # γ = 0.5, α = 0 (R = V), η = 1. Every first turn faces the same state s0 (system prompt + task).
+    #   r0: s0 → sA, V = 1: Q = [0.5, 1]     r1: s0 → sA, V = 0: Q = [0, 0]
+    #   r2: s0, V = 1 (answers at once): Q = [1]     r3: s0 → sB, V = 0: Q = [0, 0]
+    # B.2: R = [1, 0, 1, 0] → A_g = [1, −1, 1, −1]
+    # B.8, anchor s0: Q = [0.5, 0, 1, 0], Q̄ = 0.375, deviations 0.125, −0.375, 0.625, −0.375,
+    #        σ² = (0.015625 + 0.140625 + 0.390625 + 0.140625) / 4 = 11/64, σ = √11/8
+    #        → M = [1/√11, −3/√11, 5/√11, −3/√11]
+    #      anchor sA: Q = [1, 0] → M = [1, −1];  anchor sB: r3 alone → M = 0
+    # B.9 Ã = A_g + M
+    def rollout(verifier, states):
+        return Rollout(verifier, 0.0, tuple(Turn(cost=0.0, state=s) for s in states))
+
+    group = RolloutGroup(task="q8", rollouts=(rollout(1.0, ("s0", "sA")), rollout(0.0, ("s0", "sA")),
+                                              rollout(1.0, ("s0",)), rollout(0.0, ("s0", "sB"))))
+    r11 = math.sqrt(11)
+    assert as_lists(turn_advantages(config("gigpo", discount=0.5, alpha=0.0), group)) == approx_rows(
+        [[1 + 1 / r11, 2.0], [-1 - 3 / r11, -2.0], [1 + 5 / r11], [-1 - 3 / r11, -1.0]])
+    # η = 0 leaves A_g: GiGPO reduces to GRPO; a group without anchor states is refused
+    assert as_lists(turn_advantages(config("gigpo", anchor_weight=0.0), group)) == as_lists(
+        turn_advantages(config("grpo"), group))
+    with pytest.raises(ValueError, match="gigpo needs every turn's state"):
+        turn_advantages(config("gigpo"), example_group())

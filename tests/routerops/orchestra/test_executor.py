@@ -417,6 +417,28 @@ async def test_anonymous_labels_hide_the_llm_workers_and_resolve_to_them(workers
     assert chosen == {"echo-small", "echo-big"}  # the mapping is drawn per episode
 
 
+async def test_blind_labels_are_drawn_per_episode_and_each_route_reaches_the_worker_its_label_names(workers):
+    # 004 §5: "anonymous worker labels (Worker1, …, K), with the mapping to backend identity hidden and
+    # resampled per episode". Every episode routes to Worker1; the pool table the controller read in
+    # that episode says which backend Worker1 was (its price row), and the call must reach that one.
+    script = [plan(1, node(1, "Worker1", "answer", "hi")), answer("1", check="ok")]
+    controller = ScriptedController(script)
+    results = await executor(workers, anonymize_models=True).run_group(TASK, controller, "run-1", list(range(8)))
+    by_price = {"$1 / $2 / $0": "echo-small", "$10 / $30 / $0": "echo-big"}
+    mappings = []
+    for r in results:
+        system = r.messages[0]["content"]
+        line = next(x for x in system.splitlines() if x.startswith("- Worker1:"))
+        backend = next(name for price, name in by_price.items() if line.endswith(price))
+        assert worker_rows(r)[0]["worker"] == backend
+        mappings.append(tuple(x for x in system.splitlines() if x.startswith("- Worker")))
+        assert "echo-small" not in json.dumps(r.messages) and "echo-big" not in json.dumps(r.messages)
+    assert len(set(mappings)) == 2  # both draws occur among the 8 episodes of one seed set
+    again = await executor(workers, anonymize_models=True).run_group(TASK, ScriptedController(script), "run-1",
+                                                                     list(range(8)))
+    assert [r.messages[0] for r in again] == [r.messages[0] for r in results]  # drawn from the episode's seed
+
+
 async def test_an_unpriced_controller_is_refused(workers):
     with pytest.raises(InputError, match="prices.teacher"):
         await executor(workers).run_episode(TASK, ScriptedController([answer("1")], name="teacher"), "run-1", 0)
