@@ -113,6 +113,11 @@ def variant_layout(flow: Layout, folder: Path) -> Layout:
     own.model_cache.parent.mkdir(parents=True, exist_ok=True)
     if not own.model_cache.exists():
         own.model_cache.symlink_to(flow.model_cache.resolve(), target_is_directory=True)
+    # One worker-results cache for every run (SQLite in WAL mode: safe to share): the deterministic
+    # workers' answers to the same payloads are computed once across variants and seeds.
+    if not own.worker_cache.exists() and not own.worker_cache.is_symlink():
+        flow.worker_cache.parent.mkdir(parents=True, exist_ok=True)
+        own.worker_cache.symlink_to(flow.worker_cache.resolve())
     return own
 
 
