@@ -37,6 +37,7 @@ Pure numpy: the gateway side (reading the log, the challengers' probabilities) i
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -262,18 +263,17 @@ class OPEResult:
     def paired_difference(self, a: str, b: str, estimator: str, metric: str) -> tuple[float, float, float]:
         """(V̂(a) − V̂(b), low, high): both estimated from the same log, resampled jointly."""
         i, j = self.index(a, estimator, metric), self.index(b, estimator, metric)
-        diff = self.boot[:, i] - self.boot[:, j]
-        low, high = _interval(diff, self.config["confidence"])
-        return self.rows[i]["value"] - self.rows[j]["value"], low, high
+        low, high = _intervals((self.boot[:, i] - self.boot[:, j])[:, None], self.config["confidence"])
+        return self.rows[i]["value"] - self.rows[j]["value"], float(low[0]), float(high[0])
 
 
-def _interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
-    values = values[np.isfinite(values)]
-    if len(values) < 2:
-        return float("nan"), float("nan")
+def _intervals(boot: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile interval of each column (a resample whose SNIPS denominator was 0 is left out)."""
     alpha = (1 - confidence) / 2
-    low, high = np.quantile(values, [alpha, 1 - alpha])
-    return float(low), float(high)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column: no interval
+        low, high = np.nanquantile(np.where(np.isfinite(boot), boot, np.nan), [alpha, 1 - alpha], axis=0)
+    return np.atleast_1d(low), np.atleast_1d(high)
 
 
 def estimate_policies(log: BanditLog, targets: dict[str, np.ndarray], cfg: OPEConfig,
@@ -286,10 +286,44 @@ def estimate_policies(log: BanditLog, targets: dict[str, np.ndarray], cfg: OPECo
         cols, diagnostics[name] = estimator_columns(log, name, target, cfg, (direct or {}).get(name))
         columns += cols
     boot = bootstrap_values(columns, len(log), cfg.n_boot, cfg.seed)
+    lows, highs = _intervals(boot, cfg.confidence)
     rows = []
     for j, c in enumerate(columns):
-        low, high = _interval(boot[:, j], cfg.confidence)
+        low, high = float(lows[j]), float(highs[j])
         rows.append({"policy": c.policy, "estimator": c.estimator, "metric": c.metric,
                      "value": float(c.num.sum() / c.den.sum()), "ci_low": low, "ci_high": high,
                      **diagnostics[c.policy], "clip": cfg.clip})
     return OPEResult(rows, columns, boot, asdict(cfg))
+
+
+# ---------------------------------------------------------------- a direct model fitted on the log
+
+
+def fit_direct_model(log: BanditLog, features: np.ndarray, cost_weight: float = 0.0, folds: int = 2,
+                     seed: int = 0) -> dict[str, np.ndarray]:
+    """q̂(x, a) for DR fitted on the log alone: per worker, a logistic regression of the grade on the
+    request's features (e.g. the champion's logged quality estimates, or a query embedding) over the
+    rows that called that worker; USD per call as the worker's mean logged cost. Cross-fitted over
+    `folds` (each row predicted by a model that did not see it: Chernozhukov et al. 2018, §3), so the
+    model's own fitting noise does not enter DR's correction term. A worker with too few logged rows
+    (or one class only) gets its mean grade, or the log's mean when it was never called."""
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.asarray(features, dtype=float).reshape(len(log), -1)
+    n, k = len(log), len(log.workers)
+    accuracy = np.empty((n, k))
+    fold = np.random.default_rng(seed).integers(0, folds, n)
+    for f in range(folds):
+        train, test = fold != f, fold == f
+        for a in range(k):
+            rows = train & (log.action == a)
+            y = log.score[rows] >= 0.5
+            if rows.sum() < 10 or y.all() or not y.any():
+                accuracy[test, a] = log.score[rows].mean() if rows.any() else log.score[train].mean()
+                continue
+            model = LogisticRegression(C=1.0, max_iter=200).fit(x[rows], y)
+            accuracy[test, a] = model.predict_proba(x[test])[:, 1]
+    usd = np.array([log.usd[log.action == a].mean() if (log.action == a).any() else log.usd.mean()
+                    for a in range(k)])
+    usd = np.tile(usd, (n, 1))
+    return {"accuracy": accuracy, "usd": usd, "objective": accuracy - cost_weight * usd}
