@@ -81,14 +81,22 @@ def read_log(source: str | Path, router: str | None = None, graded_before: str |
     if router is not None:
         frame = frame[frame.router == router]
     if graded_before is not None:
-        graded = frame["graded_at"] if "graded_at" in frame.columns else pd.Series("", index=frame.index)
-        # Without a grading time a row cannot be shown to predate the cut-off: it is left out.
-        frame = frame[(frame.created_at < graded_before) & graded.notna() & (graded.astype(str) != "")
-                      & (graded.astype(str) < graded_before)]
+        frame = frame[before(frame, graded_before)]
     if frame.empty:
         raise InputError(source, "score", "no graded decisions" + (f" of {router!r}" if router else "")
                          + " to estimate from: post grades to /v1/decisions/{id}/feedback first")
     return frame.reset_index(drop=True)
+
+
+def before(frame: pd.DataFrame, cutoff: str) -> pd.Series:
+    """Rows created *and* graded before `cutoff` (ISO-8601, UTC). A row without a grading time cannot be
+    shown to predate the cut-off, so it is left out."""
+    limit = pd.Timestamp(cutoff)
+    limit = limit.tz_localize("UTC") if limit.tzinfo is None else limit.tz_convert("UTC")
+    created = pd.to_datetime(frame["created_at"], utc=True, errors="coerce", format="ISO8601")
+    graded = pd.to_datetime(frame["graded_at"], utc=True, errors="coerce", format="ISO8601") \
+        if "graded_at" in frame.columns else pd.Series(pd.NaT, index=frame.index)
+    return (created < limit) & (graded < limit)
 
 
 def traffic(frame: pd.DataFrame) -> LoggedTraffic:
@@ -243,11 +251,13 @@ def markdown(board: pd.DataFrame, estimator: str = "snips") -> str:
 
 
 def promote_off_policy(name: str, version: str, log_source: str | Path, cfg: Any, cost_weight: float | None = None,
-                       direct_model: str = "router", served_name: str | None = None) -> Any:
+                       direct_model: str = "router", served_name: str | None = None, graded_before: str | None = None,
+                       exclude_ids: set[str] | None = None) -> Any:
     """The promotion gate judged on the champion's own traffic: the registered candidate `version`
     of `name` against the champion's greedy rule, both estimated off-policy from the decisions the
     champion version served (routerops.promotion.decide_off_policy), logged like every gate decision
-    (evaluation/registry.py `log_decision`: run, tags, alias)."""
+    (evaluation/registry.py `log_decision`: run, tags, alias). `graded_before` and `exclude_ids` keep
+    a retrain's cut-off and its training rows out of the judged traffic."""
     from evaluation.registry import champion_version, load_registered, log_decision
     from routerops.ope import NoSupportError
     from routerops.promotion import decide_off_policy
@@ -255,8 +265,9 @@ def promote_off_policy(name: str, version: str, log_source: str | Path, cfg: Any
     champ_v = champion_version(name)
     if champ_v is None:
         raise InputError(name, "champion", "no champion: the off-policy gate judges a candidate on a champion's traffic")
-    frame = read_log(log_source, served_name or name)
-    frame = frame[frame.router_version.astype(str) == str(champ_v)].reset_index(drop=True)
+    frame = read_log(log_source, served_name or name, graded_before)
+    keep = (frame.router_version.astype(str) == str(champ_v)) & ~frame.decision_id.isin(exclude_ids or set())
+    frame = frame[keep].reset_index(drop=True)
     if frame.empty:
         raise InputError(log_source, "router_version", f"no graded decisions served by {name} v{champ_v} (the champion)")
     logged = traffic(frame)
