@@ -63,10 +63,10 @@ def versions(mlflow_registry):
     return champion.version, challenger.version
 
 
-def serve(serve_gateway, workers, tmp_path, epsilon: float):
+def serve(serve_gateway, workers, tmp_path, epsilon: float, log_texts: bool = True):
     db = f"sqlite:///{tmp_path / 'gateway.db'}"
     gw = Gateway(GatewayConfig(routers=(NAME,), db_url=db, local_base_url=workers, watch_interval_s=0.2,
-                               epsilon=epsilon), POOL, BOOK)
+                               epsilon=epsilon, log_texts=log_texts), POOL, BOOK)
     url = serve_gateway(gw)
     key, _ = gw.store.create_key(10.0, "day")
     return gw, url, key, db
@@ -130,3 +130,18 @@ def test_a_deterministic_champion_is_refused_with_the_supported_share(versions, 
     log = read_decisions(db)
     right = log["query"].map(lambda q: RIGHT["arith" if "plus" in q else "capital"])
     assert share == pytest.approx((log.chosen == right).mean(), abs=1e-3) and share < 1  # where both agree
+
+
+def test_a_log_without_texts_says_which_routers_it_cannot_evaluate(versions, serve_gateway, workers, tmp_path, capsys):
+    """The gateway keeps no texts unless told to; this router reads surface statistics of the text and
+    has no encoder, so nothing in the log can stand in for the query: `ope` says so."""
+    _, challenger_v = versions
+    gw, url, key, db = serve(serve_gateway, workers, tmp_path, epsilon=0.5, log_texts=False)
+    drive(url, key, 10)
+    gw.store.close()
+    log = read_decisions(db)
+    assert (log["query"] == "").all() and (log["response"] == "").all() and (log["embedding"] == "").all()
+    code = cli(["ope", "--log", db, "--routers", f"{NAME}/{challenger_v}", "--params", str(tmp_path / "none.yaml"),
+                "--out", str(tmp_path / "ope")])
+    err = capsys.readouterr().err
+    assert code == 2 and "kept no query texts" in err and "neither query texts nor embeddings" in err

@@ -43,7 +43,7 @@ def traffic(mlflow_registry, serve_gateway, tmp_path_factory):
     db = f"sqlite:///{tmp / 'gateway.db'}"
     with DelayedEndpoint(delay_s=0.0) as workers:
         gw = Gateway(GatewayConfig(routers=(NAME,), db_url=db, local_base_url=workers, watch_interval_s=0.2,
-                                   epsilon=0.5), POOL, BOOK)
+                                   epsilon=0.5, log_texts=True), POOL, BOOK)
         url = serve_gateway(gw)
         key, _ = gw.store.create_key(10.0, "day")
         late = []
