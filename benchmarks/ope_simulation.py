@@ -173,8 +173,11 @@ def plot(summary: list[dict], path: Path) -> None:
         if key == "bias":
             ax.axhline(0, color="grey", lw=1)
         ax.set_xscale("log")
+        epsilons = sorted({r["epsilon"] for r in summary})
+        ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
+        ax.minorticks_off()
     axes[0].legend()
-    fig.suptitle("Off-policy estimates of 7 challengers from ε-greedy logs of RouteLLM GSM8K traffic vs their replay truth")
+    fig.suptitle("Off-policy estimates of 8 policies from ε-greedy logs of RouteLLM GSM8K traffic vs their replay truth")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -186,7 +189,11 @@ def main() -> None:
     parser.add_argument("--n-boot", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/ope_simulation.json"))
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON at --out")
     args = parser.parse_args()
+    if args.plot_only:
+        plot(json.loads(Path(args.out).read_text())["summary"], Path(args.out).with_suffix(".png"))
+        return
 
     started = time.perf_counter()
     data = load_data()
