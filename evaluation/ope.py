@@ -102,6 +102,11 @@ def before(frame: pd.DataFrame, cutoff: str) -> pd.Series:
 def traffic(frame: pd.DataFrame) -> LoggedTraffic:
     """The log as bandit feedback: μ rebuilt from each explanation and checked against the propensity."""
     explanations = [e if isinstance(e, dict) else json.loads(e) for e in frame.explanation]
+    episodes = [i for i, e in enumerate(explanations) if "candidates" not in e or "epsilon" not in e]
+    if episodes:
+        raise InputError("decision log", "explanation", f"decision {frame.decision_id.iloc[episodes[0]]} is not one "
+                                                        "routed call (an orchestrator episode?): off-policy evaluation "
+                                                        "reads single-turn and MTRouter decisions (--router)")
     workers = [c["worker"] for c in explanations[0]["candidates"]]
     n, k = len(frame), len(workers)
     quality, worst = np.zeros((n, k)), np.zeros((n, k))
@@ -138,6 +143,9 @@ def router_quality(served: Any, logged: LoggedTraffic, label: str) -> np.ndarray
     """(n, K) the router's q̂ on the logged requests, in the log's worker order. It reads the
     logged query texts, or the stored embeddings of a log kept without texts when the router
     reads only the embedding (`reads_text_only_via_embedding`); otherwise it says it cannot."""
+    if not hasattr(served, "routing_data"):
+        raise InputError(label, "family", f"{type(served).__name__} is not a single-turn router: only those are "
+                                          "estimated off-policy here (MTRouter's turn histories are not replayed yet)")
     missing = [w for w in served.workers if w not in logged.workers]
     if missing:
         raise InputError(label, "workers", f"routes to {missing}, which the logged champion never could call: "

@@ -114,3 +114,15 @@ def test_the_cutoff_keeps_rows_created_or_graded_after_it_out(tmp_path):
     frame.to_parquet(path)
     kept = read_log(path, graded_before="2026-11-25T12:01:00Z")
     assert set(kept.decision_id) == {f"d{i:04d}" for i in range(60) if i not in (3, 4)}
+
+
+def test_an_exported_csv_log_reads_like_the_database(tmp_path):
+    frame = decision_log(30)
+    frame.loc[[0, 1], "score"] = None  # not graded yet: left out
+    frame.to_csv(tmp_path / "log.csv", index=False)
+    logged = traffic(read_log(tmp_path / "log.csv"))
+    assert len(logged.log) == 28 and logged.log.logging.shape == (28, 2)
+    episode = decision_log(3)
+    episode.loc[1, "explanation"] = json.dumps({"calls": []})
+    with pytest.raises(InputError, match="not one routed call"):
+        traffic(episode)
