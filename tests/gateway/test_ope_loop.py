@@ -131,7 +131,7 @@ def test_a_breach_retrains_from_the_log_through_the_automation(traffic, tmp_path
             assert not drift_check.fn(traffic["db"], NAME, "params.yaml", str(root), bound=0.2,
                                       state_file="drift.json")["emit"]
             runs = wait_final(deployment_id, 1)
-            time.sleep(5)  # a second event would have started a second run by now
+            time.sleep(3)  # a second event would have started a second run by now
             runs = asyncio.run(flow_runs(deployment_id))
         assert len(runs) == 1 and runs[0].state.is_completed(), (tmp_path / "worker.log").read_text()[-3000:]
     assert runs[0].parameters["cutoff"] == verdict["cutoff"] and runs[0].parameters["name"] == NAME
@@ -145,6 +145,10 @@ def test_a_breach_retrains_from_the_log_through_the_automation(traffic, tmp_path
     assert report["training_rows"] + report["gate_rows"] == 80 and report["training_rows"] == len(table)
     decision = report["decision"]
     assert decision["evidence"]["champion_version"] == traffic["version"] and decision["reason"]
+    # The gate estimated both on the held-out traffic (not refused for want of support): the refit learned
+    # from the logged grades to route right, which the labels-swapped champion never does.
+    assert decision["candidate_score"] > decision["champion_score"] == 0.0 and decision["evidence"]["ess"] > 0
+    print(decision["reason"])
     client = mlflow.MlflowClient(traffic["uri"])
     retrained = client.get_model_version(NAME, report["version"])
     assert retrained.tags["data.log_cutoff"] == verdict["cutoff"]
