@@ -462,15 +462,21 @@ def now_iso() -> str:
 def add_columns(engine: sa.Engine, table: sa.Table, names: tuple[str, ...]) -> None:
     """ALTER TABLE ... ADD COLUMN for each of `names` the database's table lacks (made by an older release)."""
     present = {c["name"] for c in sa.inspect(engine).get_columns(table.name)}
-    with engine.begin() as conn:
-        for name in names:
-            if name not in present:
-                column = table.c[name]
-                default = column.default.arg if column.default is not None else None
-                ddl = f"ALTER TABLE {table.name} ADD COLUMN {name} {column.type.compile(engine.dialect)}"
-                if default is not None:
-                    ddl += f" NOT NULL DEFAULT '{default}'"
+    for name in names:
+        if name in present:
+            continue
+        column = table.c[name]
+        default = column.default.arg if column.default is not None else None
+        ddl = f"ALTER TABLE {table.name} ADD COLUMN {name} {column.type.compile(engine.dialect)}"
+        if default is not None:
+            ddl += f" NOT NULL DEFAULT '{default}'"
+        try:
+            with engine.begin() as conn:  # one transaction each: a failed ALTER aborts only its own
                 conn.execute(sa.text(ddl))
+        except sa.exc.DBAPIError:
+            # Another replica starting on the same database added it first.
+            if name not in {c["name"] for c in sa.inspect(engine).get_columns(table.name)}:
+                raise
 
 
 def _serve(engine: sa.Engine, ops: queue.SimpleQueue) -> None:
