@@ -8,6 +8,7 @@ Work pools (params.yaml `ops`):
 
 Deployments: the main pipeline and MTRouter on `cpu`; the retrain on `cpu`, on a cron schedule and
 on the `routerops.prices.published` / `routerops.pool.published` events (services/prefect_server.py);
+the retrain from the gateway's log on `routerops.champion.drift` (flows/ope_loop.py);
 the orchestrator (collection, SFT, RL) at small scale on `cpu` and at paper scale on `gpu`
 (configs/paper/orchestra.yaml); the main pipeline's collection at scale on `gpu`.
 
@@ -50,6 +51,7 @@ class DeploymentSpec:
     parameters: dict[str, Any] = field(default_factory=dict)
     scheduled: bool = False  # on ops.retrain_cron
     on_publish: bool = False  # triggered by a published price book or pool
+    on_drift: bool = False  # triggered by routerops.champion.drift (flows/ope_loop.py)
     description: str = ""
 
 
@@ -57,6 +59,8 @@ DEPLOYMENTS = (
     DeploymentSpec("pipeline", "flows/pipeline.py:pipeline", description="the main pipeline (make demo)"),
     DeploymentSpec("retrain", "flows/retrain.py:retrain", scheduled=True, on_publish=True,
                    description="re-price / collect what is missing / retrain / re-gate"),
+    DeploymentSpec("retrain-from-log", "flows/ope_loop.py:retrain_from_log_flow", on_drift=True,
+                   description="a drifting champion: refit on its graded traffic before the breach, gate off-policy"),
     DeploymentSpec("mtrouter", "flows/mtrouter.py:mtrouter_flow", description="MTRouter at small scale"),
     DeploymentSpec("orchestra", "flows/orchestra.py:orchestra_flow",
                    description="orchestrator: teacher, filter, SFT, RL, evaluate, register (small scale)"),
@@ -100,6 +104,14 @@ def publish_triggers() -> list[DeploymentEventTrigger]:
             for kind in ("prices", "pool")]
 
 
+def drift_triggers() -> list[DeploymentEventTrigger]:
+    """A champion's drift event starts a retrain from its own log, cut off at the event's time."""
+    return [DeploymentEventTrigger(name="retrain on champion drift", expect={"routerops.champion.drift"},
+                                   match={"prefect.resource.id": "routerops.champion.*"},
+                                   parameters={"log": "{{ event.payload.log }}", "name": "{{ event.payload.model }}",
+                                               "cutoff": "{{ event.payload.cutoff }}"})]
+
+
 def deploy(spec: DeploymentSpec, source: Path, ops: OpsConfig, params_file: str = "params.yaml",
            root: Path | None = None) -> str:
     """Register one deployment with the server at PREFECT_API_URL; returns its id. Its flow's code
@@ -113,7 +125,7 @@ def deploy(spec: DeploymentSpec, source: Path, ops: OpsConfig, params_file: str 
         name=spec.name, work_pool_name=ops.gpu_work_pool if spec.gpu else ops.work_pool,
         parameters=parameters, description=spec.description,
         cron=ops.retrain_cron if spec.scheduled else None,
-        triggers=publish_triggers() if spec.on_publish else None,
+        triggers=publish_triggers() if spec.on_publish else drift_triggers() if spec.on_drift else None,
     )
     return str(deployment.apply())
 

@@ -72,7 +72,10 @@ class GatewayConfig:
     max_tokens_cap: int = 4096  # the most a request may ask for (it bounds the worst-case cost)
     cost_weight: float = 0.0  # λ: 0 = the best affordable worker; > 0 trades quality for cost
     epsilon: float = 0.0  # exploration: P(a uniformly drawn affordable worker), logged as propensity
-    log_texts: bool = True  # keep the query and response texts in the decision log (training data)
+    log_texts: bool = False  # keep the query and response texts in the decision log (only when told to)
+    # Without texts, store the query's embedding (routers with an encoder): what off-policy evaluation
+    # and retraining of routers that read only the embedding need (evaluation/ope.py; README privacy).
+    log_embeddings: bool = True
     hold_lease_s: float = 3600.0  # a budget hold not settled by then is a dead process's: released (store.py)
 
     def __post_init__(self) -> None:
@@ -300,8 +303,17 @@ class Gateway:
             "worker": worker, "propensity": d.propensity, "explanation": explanation(d, worker, cost),
             "status": status, "prompt_tokens": usage.get("prompt_tokens", 0),
             "completion_tokens": usage.get("completion_tokens", 0), "cost_usd": cost, "usage_source": usage_source,
-            "response": response if self.cfg.log_texts else "", "latency_s": time.monotonic() - call.started})
+            "response": response if self.cfg.log_texts else "", "latency_s": time.monotonic() - call.started,
+            "embedding": self.logged_embedding(call)})
         return cost
+
+    def logged_embedding(self, call: Call) -> str:
+        """The query's embedding as JSON when texts are not kept and the champion reads one (its LRU holds
+        the vector the decision used: no second encoding), else ""."""
+        embed = call.champion.embed
+        if self.cfg.log_texts or not self.cfg.log_embeddings or embed is None or not call.decision.query_text:
+            return ""
+        return json.dumps([round(float(x), 6) for x in embed(call.decision.query_text)])
 
     async def aclose(self) -> None:
         """Close the worker clients and write every queued settlement and decision."""

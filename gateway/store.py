@@ -117,7 +117,13 @@ decisions_table = sa.Table(
     sa.Column("response", sa.Text, nullable=False, default=""),
     sa.Column("latency_s", sa.Float, nullable=False, default=0.0),
     sa.Column("score", sa.Float, nullable=True),  # filled by POST /v1/decisions/{id}/feedback
+    sa.Column("graded_at", sa.String(32), nullable=True),  # when the score was posted (ISO-8601 UTC, μs)
+    # The query's embedding (JSON list) when the gateway keeps no texts (`log_texts` off): what a
+    # router that reads only embeddings needs for off-policy evaluation and retraining (README).
+    sa.Column("embedding", sa.Text, nullable=False, default=""),
 )
+# Columns added after the first release: a database made before them gets them at start (add_columns).
+LATER_DECISION_COLUMNS = ("graded_at", "embedding")
 DECISION_COLUMNS = tuple(c.name for c in decisions_table.columns)
 # INSERT ... ON CONFLICT DO NOTHING, where the database has it (see Store._ensure_spend_row).
 INSERT_IF_ABSENT = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
@@ -210,6 +216,7 @@ class Store:
         if url.startswith("sqlite"):
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
         metadata.create_all(self.engine)
+        add_columns(self.engine, decisions_table, LATER_DECISION_COLUMNS)
         self.key_cache_s = key_cache_s
         if not hold_lease_s > 0:
             raise InputError("gateway config", "hold_lease_s", f"expected a number > 0, got {hold_lease_s!r}")
@@ -442,8 +449,34 @@ class Store:
 
     def record_score(self, decision_id: str, score: float) -> bool:
         """Grade a logged decision (1/0 or a score in [0, 1]); False if there is no such decision."""
+        graded_at = now_iso()
         return self.run(lambda conn: conn.execute(decisions_table.update().where(
-            decisions_table.c.decision_id == decision_id).values(score=float(score))).rowcount) == 1
+            decisions_table.c.decision_id == decision_id).values(score=float(score), graded_at=graded_at)).rowcount) == 1
+
+
+def now_iso() -> str:
+    """UTC now as ISO-8601 with microseconds (a grade's time: the retrain's cut-off compares against it)."""
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def add_columns(engine: sa.Engine, table: sa.Table, names: tuple[str, ...]) -> None:
+    """ALTER TABLE ... ADD COLUMN for each of `names` the database's table lacks (made by an older release)."""
+    present = {c["name"] for c in sa.inspect(engine).get_columns(table.name)}
+    for name in names:
+        if name in present:
+            continue
+        column = table.c[name]
+        default = column.default.arg if column.default is not None else None
+        ddl = f"ALTER TABLE {table.name} ADD COLUMN {name} {column.type.compile(engine.dialect)}"
+        if default is not None:
+            ddl += f" NOT NULL DEFAULT '{default}'"
+        try:
+            with engine.begin() as conn:  # one transaction each: a failed ALTER aborts only its own
+                conn.execute(sa.text(ddl))
+        except sa.exc.DBAPIError:
+            # Another replica starting on the same database added it first.
+            if name not in {c["name"] for c in sa.inspect(engine).get_columns(table.name)}:
+                raise
 
 
 def _serve(engine: sa.Engine, ops: queue.SimpleQueue) -> None:

@@ -161,3 +161,60 @@ def decide_promotion(candidate: Outcomes, champion: Outcomes | None, cfg: GateCo
                                   f"{cfg.min_improvement:g}")
     return PromotionDecision(promote, reason, cfg.objective, cand_score, champ_score, diff, low, high, candidate.n,
                              config, evidence)
+
+
+# ---------------------------------------------------------------- judging on the champion's own traffic
+
+
+@dataclass(frozen=True)
+class OffPolicyGateConfig:
+    """The gate on the champion's logged traffic (routerops/ope.py): the candidate's and the champion's
+    greedy rule's values are estimated from the same log and resampled jointly (paired)."""
+
+    estimator: str = "snips"  # ips | snips | dr
+    metric: str = "accuracy"  # accuracy | objective (score − λ·USD); usd is not a quality
+    min_improvement: float = 0.0  # the paired interval's lower end must exceed this
+    min_support: float = 1.0  # share of the candidate's choices the log must support, else refused
+    min_ess: float = 30.0  # Kish effective sample size of the candidate's weights, else refused
+    confidence: float = 0.95
+    n_boot: int = 2000
+    clip: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.estimator not in ("ips", "snips", "dr"):
+            raise ValueError(f"estimator must be ips, snips or dr, got {self.estimator!r}")
+        if self.metric not in ("accuracy", "objective"):
+            raise ValueError(f"metric must be accuracy or objective, got {self.metric!r}")
+        if not self.min_ess >= 1:
+            raise ValueError(f"min_ess must be ≥ 1, got {self.min_ess}")
+
+
+def decide_off_policy(result: Any, candidate: str, champion: str, cfg: OffPolicyGateConfig,
+                      evidence: dict[str, Any] | None = None, refused: str | None = None) -> PromotionDecision:
+    """Promote when the paired interval of V̂(candidate) − V̂(champion) on the champion's traffic lies
+    above cfg.min_improvement, with enough support and effective sample size. `result` is an
+    OPEResult holding both policies; `refused` a reason the estimate could not be made (no support)."""
+    config, objective = asdict(cfg), f"off_policy_{cfg.metric}"
+    evidence = dict(evidence or {})
+    if refused is not None:
+        return PromotionDecision(False, refused, objective, math.nan, None, None, None, None,
+                                 int(evidence.get("n", 0)), config, evidence)
+    row = next(r for r in result.rows if (r["policy"], r["estimator"], r["metric"]) == (candidate, cfg.estimator,
+                                                                                        cfg.metric))
+    evidence.update({"support": row["support"], "ess": row["ess"], "n_clipped": row["n_clipped"],
+                     "estimator": cfg.estimator})
+    cand = row["value"]
+    champ = result.value(champion, cfg.estimator, cfg.metric)
+    diff, low, high = result.paired_difference(candidate, champion, cfg.estimator, cfg.metric)
+    level = f"{cfg.confidence:.0%} paired bootstrap interval of the {cfg.estimator.upper()} estimates"
+    if row["ess"] < cfg.min_ess:
+        promote, reason = False, (f"too little support on the champion's traffic: the candidate's effective sample "
+                                  f"size is {row['ess']:.1f} < {cfg.min_ess:g} (serve with a larger ε or log longer)")
+    elif low > cfg.min_improvement:
+        promote, reason = True, (f"candidate beats the champion on its own traffic ({cfg.metric}, off-policy) by "
+                                 f"{diff:+.4f}, {level} [{low:+.4f}, {high:+.4f}] above {cfg.min_improvement:g}")
+    else:
+        promote, reason = False, (f"candidate does not beat the champion on its own traffic ({cfg.metric}, "
+                                  f"off-policy) beyond the noise: {diff:+.4f}, {level} [{low:+.4f}, {high:+.4f}]")
+    return PromotionDecision(promote, reason, objective, cand, champ, diff, low, high, row["n"], config, evidence)

@@ -1,7 +1,7 @@
 """Command line: `routerops stage NAME` (any stage of any pipeline; what dvc.yaml runs),
 `routerops replay`, `routerops reprice`, `routerops validate`, `routerops import-qa`,
-`routerops import-routellm`, `routerops prices|pool publish FILE`, `routerops gateway serve|keys create`
-(gateway/cli.py).
+`routerops import-routellm`, `routerops prices|pool publish FILE`, `routerops ope` (stages/ope_command.py),
+`routerops gateway serve|keys create` (gateway/cli.py).
 
 This module only parses: each command is named by reference ("module:function") and imported when it
 runs, so `routerops stage reprice` (every dvc.yaml command) and `routerops reprice` start in seconds
@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.set_defaults(func="stages.replay_command:replay_command")
 
     add_publish_parsers(sub)
+    from stages.ope_command import add_ope_parser  # numpy only: the command's work is imported when it runs
+
+    add_ope_parser(sub)
     gateway = sub.add_parser("gateway", add_help=False,
                              help="serve the champion router behind an OpenAI-compatible API (serve | keys create)")
     gateway.add_argument("rest", nargs=argparse.REMAINDER)

@@ -143,7 +143,8 @@ def mtrouter(mlflow_registry, tmp_path_factory):
 @pytest.fixture(scope="module")
 def mt_gateway(llm_url, mtrouter, serve_gateway, tmp_path_factory):
     db = tmp_path_factory.mktemp("gateway") / "gateway.db"
-    cfg = GatewayConfig(routers=(MT_NAME,), db_url=f"sqlite:///{db}", local_base_url=llm_url, watch_interval_s=0.2)
+    cfg = GatewayConfig(routers=(MT_NAME,), db_url=f"sqlite:///{db}", local_base_url=llm_url, watch_interval_s=0.2,
+                        log_texts=True)
     gw = Gateway(cfg, POOL, BOOK)
     return gw, serve_gateway(gw)
 

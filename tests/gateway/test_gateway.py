@@ -85,7 +85,8 @@ def registry(mlflow_registry):
 @pytest.fixture(scope="module")
 def gateway(llm_url, registry, serve_gateway, tmp_path_factory):
     db = tmp_path_factory.mktemp("gateway") / "gateway.db"
-    cfg = GatewayConfig(routers=(NAME,), db_url=f"sqlite:///{db}", local_base_url=llm_url, watch_interval_s=0.2)
+    cfg = GatewayConfig(routers=(NAME,), db_url=f"sqlite:///{db}", local_base_url=llm_url, watch_interval_s=0.2,
+                        log_texts=True)
     gw = Gateway(cfg, POOL, BOOK)
     return gw, serve_gateway(gw)
 

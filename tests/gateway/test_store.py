@@ -150,3 +150,31 @@ def test_a_refused_resize_leaves_the_reservation_and_its_hold_as_they_were(tmp_p
     store.settle(held, 1e-4)  # settles the hold it still has, at its old amount
     assert store.spend(key.key_id, "total") == (pytest.approx(1e-4), 0.0)
     assert store.release_expired_holds(now=time.time() + store.hold_lease_s + 1) == 0  # no hold left behind
+
+
+def test_a_decision_log_made_before_graded_at_and_embedding_gets_them(tmp_path):
+    """An older gateway's database: the new columns are added at start, and grading stamps graded_at."""
+    import sqlalchemy as sa
+
+    from gateway.store import Store, read_decisions
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE gateway_decisions (decision_id VARCHAR(40) PRIMARY KEY, created_at "
+                             "VARCHAR(32) NOT NULL, key_id VARCHAR(32) NOT NULL, router VARCHAR(200) NOT NULL, "
+                             "router_version VARCHAR(32) NOT NULL, price_book_version VARCHAR(100) NOT NULL, "
+                             "query_id VARCHAR(64) NOT NULL, query TEXT NOT NULL, chosen VARCHAR(200) NOT NULL, "
+                             "worker VARCHAR(200) NOT NULL, propensity FLOAT NOT NULL, explanation TEXT NOT NULL, "
+                             "status VARCHAR(32) NOT NULL, prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER "
+                             "NOT NULL, cost_usd FLOAT NOT NULL, usage_source VARCHAR(16) NOT NULL, response TEXT NOT "
+                             "NULL, latency_s FLOAT NOT NULL, score FLOAT)"))
+        conn.execute(sa.text("INSERT INTO gateway_decisions VALUES ('d1', '2026-11-01T00:00:00Z', 'k', 'r', '1', 'b', "
+                             "'q', '', 'w', 'w', 1.0, '{}', 'ok', 1, 1, 0.0, 'worker', '', 0.0, NULL)"))
+    engine.dispose()
+    store = Store(url)
+    Store(url)  # a second start finds them there
+    assert store.record_score("d1", 1.0)
+    store.close()
+    row = read_decisions(url).iloc[0]
+    assert row.embedding == "" and row.graded_at.startswith("20") and row.score == 1.0
