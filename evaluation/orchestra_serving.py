@@ -28,6 +28,7 @@ from mlflow.types.schema import ColSpec, Schema
 from evaluation.servable import MODEL_INPUT, read_texts, reject_unknown_columns, servable_json, write_servable_meta
 from models.orchestrator.config import GenerationSettings, ModelSpec
 from models.orchestrator.lm import LMController
+from models.orchestrator.sampler import load_controller_engine
 from routerops.errors import InputError
 from routerops.orchestra.executor import ExecutorConfig, opening, worker_labels
 from routerops.orchestra.grammar import FinalAnswer, GrammarError, TurnContext, parse_turn
@@ -64,7 +65,8 @@ class ServedOrchestrator:
     @classmethod
     def from_files(cls, spec: ModelSpec, settings: GenerationSettings, adapter: Path, pool_file: Path,
                    book_file: Path, limits: Episodes, cache_root: Path | None = None) -> "ServedOrchestrator":
-        controller = LMController.load(spec, settings, adapter, cache_root, name=REGISTERED_NAME, version="served")
+        # The decoder the evaluation used (settings.engine): what was judged is what is served.
+        controller = load_controller_engine(spec, settings, adapter, cache_root, name=REGISTERED_NAME, version="served")
         return cls(controller, spec, adapter, load_pool(pool_file), load_price_book(book_file), pool_file,
                    book_file, limits)
 

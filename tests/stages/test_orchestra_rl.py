@@ -185,7 +185,8 @@ def test_the_demo_and_paper_rl_sections_load_with_the_papers_values_where_it_giv
     demo = rl_config(load_run(REPO / "params.yaml").rl)
     paper = rl_config(load_run(REPO / "configs/paper/orchestra.yaml").rl)
     assert demo.advantages.estimator == paper.advantages.estimator == "agentic_grpo"
-    assert (demo.group_size, demo.settings.max_steps, demo.settings.save_steps, demo.settings.temperature) == (4, 2, 1, 0.7)
+    assert (demo.group_size, demo.settings.max_steps, demo.settings.save_steps, demo.settings.temperature) == (4, 16, 4, 0.7)
+    assert (demo.settings.pool, demo.settings.probe_samples, demo.settings.learning_rate) == ("signal", 4, 1e-4)
     assert (paper.group_size, paper.settings.clip_epsilon, paper.settings.kl_beta, paper.advantages.alpha) == (8, 0.2, 1e-3, 0.1)
 
 
