@@ -156,6 +156,7 @@ def run_one(run: OrchestraRun, flow: Layout, work: Path, estimator: str, seed: i
     if (folder / RUN_FILE).is_file():
         return json.loads((folder / RUN_FILE).read_text())
     layout = variant_layout(flow, folder)
+    share_probe(work, layout)
     own = variant_run(run, flow, estimator, seed, steps, eval_batch)
     started = time.perf_counter()
     adapter = rl(own, layout, layout.orchestra_rl_tasks, flow.orchestra_adapter)
@@ -172,6 +173,19 @@ def run_one(run: OrchestraRun, flow: Layout, work: Path, estimator: str, seed: i
     log.info("%s: %d rollouts, adapter change %.4f, %.0f s RL + %.0f s evaluation", name, record["rollouts"],
              record["adapter_change"], record["train_seconds"], record["eval_seconds"])
     return record
+
+
+def share_probe(work: Path, layout: Layout) -> None:
+    """The signal probe describes the SFT policy, not a run: a finished run's rl_pool.json is given to
+    the next one (the stage reads it back only if its candidates, samples, temperature and SFT adapter
+    fingerprint match, else probes again)."""
+    from stages.orchestra import RL_POOL_FILE
+
+    target = layout.orchestra_rl_run / RL_POOL_FILE
+    found = sorted(work.glob(f"*/data/orchestra/rl/{RL_POOL_FILE}"))
+    if found and not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(found[0], target)
 
 
 def run_sft(run: OrchestraRun, flow: Layout, work: Path, eval_batch: int) -> dict:

@@ -673,8 +673,9 @@ def signal_pool(rates: dict[str, float]) -> list[str]:
 async def probe_success_rates(executor: Executor, controller, generation, tasks: list, samples: int,
                               run_id: str) -> dict[str, float]:
     """Each task's success rate over `samples` rollouts of the policy as it stands (the SFT adapter),
-    sampled at the RL temperature, all tasks in one lockstep batch."""
-    prepare_rl_controller(controller, generation, 0)
+    sampled at the RL temperature under a seed of the probe's own (not the run's sampling seed: the
+    probe describes the SFT policy, so runs of other seeds share it), all tasks in one lockstep batch."""
+    prepare_rl_controller(controller, dataclasses.replace(generation, seed=PROBE_SEED), 0)
     controller.version = "rl-probe"
     items = [(task, PROBE_SEED + i) for task in tasks for i in range(samples)]
     results = await executor.run_batch(items, controller, f"{run_id}-probe")
@@ -971,7 +972,6 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
                                  f"{out_dir} to start a new run")
     else:
         shutil_rmtree(checkpoints)
-        (out_dir / RL_POOL_FILE).unlink(missing_ok=True)  # another run's probe
         schema.write_json_atomic(record, run_file)
 
     normaliser, steps = CostNormaliser.for_config(cfg.advantages), []
@@ -1019,7 +1019,7 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
                         visit = task_list
                         if settings.pool == "signal":
                             visit = await rl_pool(executor, controller, generation, task_list, out_dir, run_id,
-                                                  settings.probe_samples)
+                                                  settings.probe_samples, record["sft_adapter_sha256"])
                         while not trainer.finished:
                             task = visit[trainer.step_count % len(visit)]
                             steps.append(await rl_step(trainer, executor, cfg, controller, generation, task, run_id, normaliser,
@@ -1066,16 +1066,18 @@ RL_POOL_FILE = "rl_pool.json"  # the signal probe's success rates and the pool i
 
 
 async def rl_pool(executor: Executor, controller, generation, candidates: list, out_dir: Path, run_id: str,
-                  samples: int) -> list:
-    """The tasks RL visits under `pool: signal` (RLSettings.pool): probed once per run (the rates are
-    written to rl_pool.json and read back by a resumed run), in the candidates' order."""
+                  samples: int, policy: str = "") -> list:
+    """The tasks RL visits under `pool: signal` (RLSettings.pool), in the candidates' order. Probed once:
+    the rates are written to rl_pool.json with what they depend on (candidates, samples, temperature,
+    the probed policy's fingerprint `policy`), and a file that matches is read back (a resumed run; a
+    run of another seed or estimator from the same SFT adapter, given the file)."""
     path = out_dir / RL_POOL_FILE
     ids = [t.task_id for t in candidates]
+    key = {"candidates": ids, "samples": samples, "temperature": generation.temperature, "policy": policy}
     probed = json.loads(path.read_text()) if path.is_file() else None
-    if probed is None or probed.get("candidates") != ids or probed.get("samples") != samples:
+    if probed is None or any(probed.get(k) != v for k, v in key.items()):
         rates = await probe_success_rates(executor, controller, generation, candidates, samples, run_id)
-        probed = {"candidates": ids, "samples": samples, "temperature": generation.temperature,
-                  "success_rate": rates, "pool": signal_pool(rates)}
+        probed = {**key, "success_rate": rates, "pool": signal_pool(rates)}
         schema.write_json_atomic(probed, path)
     kept = set(probed["pool"])
     log.info("RL pool: %d of %d train tasks solved sometimes but not always (%d samples each at T = %.2f)",
