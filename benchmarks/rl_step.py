@@ -205,9 +205,8 @@ def measure_ours(args, folder: Path, shared: dict) -> dict:
             advantages = group_normalised([completion_reward(t.text) for t in turns], 1e-6)
             batch = RolloutBatch.from_conversations(trainer.tokenizer, conversations, [[a] for a in advantages],
                                                     turns=[[t] for t in turns], max_length=settings.max_seq_len)
-            if args.side == "ours" and n == 0:  # the sampler's log-probs against the trainer's, same tokens
-                known = batch.old_known
-                agreement.append(float((trainer.logprobs(batch) - batch.old_logprobs).abs()[known].max()))
+            if args.side == "ours" and n == 0:
+                agreement.append(logprob_agreement(controller, trainer, prompt, args.group_size))
             # As the stage does: old log-probs recomputed, not the sampler's (exact ρ = 1 at the update).
             batch = dataclasses.replace(batch, old_known=torch.zeros_like(batch.old_known))
             built = time.perf_counter()
@@ -226,6 +225,23 @@ def measure_ours(args, folder: Path, shared: dict) -> dict:
                                "trained": batch.controller_tokens})
     return {"steps": steps, "prompt_tokens": prompt_tokens, "tokens": tokens, "rss_after_load_mib": after_load,
             "peak_rss_mib": round(peak.peak / 2**20, 1), "logprob_max_abs_diff": agreement}
+
+
+def logprob_agreement(sampler, trainer, prompt: list[dict], group_size: int) -> float:
+    """Max |Δ| between the sampler's log-probs of the tokens it drew and the trainer's recomputation of
+    the same tokens, on free samples (the timed steps force a length by masking end-of-turn tokens,
+    which renormalises the sampler's distribution; the stage never does), untimed."""
+    from models.orchestrator.rl import RolloutBatch
+
+    forced, sampler.min_new_tokens = sampler.min_new_tokens, 0
+    try:
+        turns = sampler.respond([prompt] * group_size)
+    finally:
+        sampler.min_new_tokens = forced
+    conversations = [prompt + [{"role": "assistant", "content": t.text}] for t in turns]
+    batch = RolloutBatch.from_conversations(trainer.tokenizer, conversations, [[0.0]] * len(turns),
+                                            turns=[[t] for t in turns])
+    return float((trainer.logprobs(batch) - batch.old_logprobs).abs()[batch.old_known].max())
 
 
 def measure_trl(args, folder: Path, shared: dict) -> dict:
