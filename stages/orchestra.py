@@ -795,17 +795,21 @@ def anchor_states(messages: list) -> list[str]:
     return states
 
 
-def rollout_metrics(results: list, group, alpha: float, workers: list[str] = ()) -> dict[str, float]:
-    """The group's reward components and behaviour: mean V, mean C (normalised), mean R = V − αC, USD,
+def rollout_metrics(results: list, group, alpha: float, workers: list[str] = (), config=None) -> dict[str, float]:
+    """The group's reward components and behaviour: mean V, mean C (normalised), mean R (config's reward:
+    B.1's V − αC, or eq. 5; without a config V − αC), USD,
     success rate, controller turns, malformed turns, and each worker's share of the worker calls (the
     usage ratios; every pool worker in `workers` is logged, 0 when not called)."""
     import numpy as np
+
+    from models.orchestrator.advantages import rewards
 
     calls = [row["worker"] for r in results for row in r.turns if row["actor"] == WORKER_ACTOR]
     verifier = np.array([g.verifier for g in group.rollouts])
     cost = np.array([g.cost for g in group.rollouts])
     metrics = {"reward/verifier_mean": float(verifier.mean()), "reward/cost_mean": float(cost.mean()),
-               "reward/return_mean": float((verifier - alpha * cost).mean()),
+               "reward/return_mean": float(np.mean(rewards(group, config)) if config is not None
+                                           else (verifier - alpha * cost).mean()),
                "reward/usd_mean": float(np.mean([r.episode["cost_usd"] for r in results])),
                "success_rate": float(np.mean([bool(r.episode["success"]) for r in results])),
                "controller_turns_mean": float(np.mean([len(r.controller_turns) for r in results])),
@@ -816,17 +820,6 @@ def rollout_metrics(results: list, group, alpha: float, workers: list[str] = ())
     return metrics
 
 
-def cache_metrics(before: dict | None, cache: WorkerCache | None) -> dict[str, float]:
-    """This step's worker-cache hits, misses (deterministic calls made) and uncacheable (sampling
-    workers') calls, and the hit rate among cacheable calls; nothing when the cache is off."""
-    if before is None or cache is None:
-        return {}
-    now = cache.stats.snapshot()
-    hits, misses = now["hits"] - before["hits"], now["misses"] - before["misses"]
-    return {"cache/hits": hits, "cache/misses": misses, "cache/uncacheable": now["uncacheable"] - before["uncacheable"],
-            "cache/hit_rate": hits / (hits + misses) if hits + misses else 0.0}
-
-
 async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: str, normaliser,
                   rollouts: Path) -> dict:
     """One Agentic-GRPO step: G rollouts of `task` sampled from the current policy through the real
@@ -835,19 +828,17 @@ async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: st
 
     import torch
 
-    import numpy as np
-
-    from models.orchestrator.advantages import rewards, turn_advantages
+    from models.orchestrator.advantages import turn_advantages
     from models.orchestrator.rl import RolloutBatch
 
     n, g = trainer.step_count + 1, cfg.group_size
     started = time.perf_counter()
+    cache_before = executor.cache.stats.snapshot() if executor.cache is not None else None
     # The trainer's own PEFT model: each step samples the policy as the previous update left it.
     controller = LMController(trainer.model, trainer.tokenizer,
                               dataclasses.replace(generation, seed=generation.seed + 10_000 * n),
                               name=CONTROLLER_NAME, version=f"rl-step{n}")
     seeds = [n * g + i for i in range(g)]
-    cache_before = executor.cache.stats.snapshot() if executor.cache is not None else None
     tree = cfg.advantages.estimator == "tree_grpo"
     if tree:  # Uno-tree-GRPO: prefix-sharing rollouts, at most G leaves (004 App. B)
         shape = TreeShape(g // cfg.settings.tree_branches, cfg.settings.tree_branches, cfg.settings.tree_branch_turn)
@@ -875,9 +866,20 @@ async def rl_step(trainer, executor: Executor, cfg, generation, task, run_id: st
             "scores": [float(r.episode["score"]) for r in results],
             "advantages": [[round(float(x), 6) for x in a] for a in advantages],
             "truncated": batch.truncated, **{k: v for k, v in stats.items() if k not in ("step", "seconds")},
-            **rollout_metrics(results, group, cfg.advantages.alpha, sorted(executor.workers)), "rollout_seconds": rollout_seconds,
-            "update_seconds": stats["seconds"], "step_seconds": time.perf_counter() - started,
-            "reward/return_mean": float(np.mean(rewards(group, cfg.advantages))), **cache_metrics(cache_before, executor.cache)}
+            **rollout_metrics(results, group, cfg.advantages.alpha, sorted(executor.workers), cfg.advantages),
+            **cache_metrics(cache_before, executor.cache), "rollout_seconds": rollout_seconds,
+            "update_seconds": stats["seconds"], "step_seconds": time.perf_counter() - started}
+
+
+def cache_metrics(before: dict | None, cache: WorkerCache | None) -> dict[str, float]:
+    """This step's worker-cache hits, misses (deterministic calls made) and uncacheable (sampling
+    workers') calls, and the hit rate among cacheable calls; nothing when the cache is off."""
+    if before is None or cache is None:
+        return {}
+    now = cache.stats.snapshot()
+    hits, misses = now["hits"] - before["hits"], now["misses"] - before["misses"]
+    return {"cache/hits": hits, "cache/misses": misses, "cache/uncacheable": now["uncacheable"] - before["uncacheable"],
+            "cache/hit_rate": hits / (hits + misses) if hits + misses else 0.0}
 
 
 STEP_KEYS_NOT_LOGGED = ("step", "task_id", "episodes", "scores", "advantages")
