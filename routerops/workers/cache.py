@@ -135,6 +135,9 @@ class WorkerCache:
         self.stats.stored += 1
         return True
 
+    def __bool__(self) -> bool:  # an empty cache is still a cache: `if cache:` must not mean `if len(cache):`
+        return True
+
     def __len__(self) -> int:
         with self._lock:
             return int(self._db().execute("SELECT COUNT(*) FROM results").fetchone()[0])

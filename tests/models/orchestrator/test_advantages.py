@@ -391,6 +391,18 @@ def test_eq6_discounts_the_terminal_reward_to_each_turn_and_standardises_over_co
     assert as_lists(turn_returns(costly, with_eq5))[:2] == approx_rows([[0.45, 0.9], [0.0, 0.0]])
 
 
+def test_eq5_eq6_and_gigpo_are_selected_by_orchestra_rl_keys():
+    from models.orchestrator.rl import rl_config
+
+    main_text = rl_config({"estimator": "agentic_grpo", "reward": "eq5", "turn_return": "eq6", "discount": 0.95,
+                           "shaping_bound": 0.02, "schema_bonus": 0.05}, "params.yaml").advantages
+    assert (main_text.reward, main_text.turn_return, main_text.discount, main_text.shaping_bound,
+            main_text.schema_bonus) == ("eq5", "eq6", 0.95, 0.02, 0.05)
+    assert rl_config({"estimator": "gigpo", "anchor_weight": 0.5}).advantages.anchor_weight == 0.5
+    default = rl_config({}).advantages  # App. B's forms unless asked
+    assert (default.reward, default.turn_return) == ("app_b", "b10")
+
+
 def test_eq6_refuses_shaping_beyond_eta_and_other_estimators():
     from models.orchestrator.advantages import turn_returns
 
