@@ -30,7 +30,8 @@ ORCHESTRA = {
     "gate": {"n_boot": 200},
     "controller": {"max_new_tokens": 48, "batch_size": 8},
     "sft": {"max_steps": 2, "save_steps": 1, "warmup_steps": 0, "max_seq_len": 768},
-    "rl": {"group_size": 2, "max_steps": 1, "save_steps": 1, "max_seq_len": 768},
+    # One step on the curriculum: two train tasks after two SFT steps rarely include one with a signal to probe.
+    "rl": {"group_size": 2, "max_steps": 1, "save_steps": 1, "max_seq_len": 768, "pool": "curriculum"},
 }
 
 
