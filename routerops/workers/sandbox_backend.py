@@ -43,6 +43,10 @@ DENIED_SYSCALLS = (
     # kernel interfaces with a record of privilege escalations
     "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
     "keyctl", "add_key", "request_key", "open_by_handle_at", "name_to_handle_at", "fanotify_init",
+    # memory outside every limit (issue 25): SysV shared memory segments and message queues outlive
+    # the detach that took them out of RLIMIT_AS, and a memfd is a tmpfs file of the kernel's own
+    # mount, outside the sized ones (/dev/shm is the bounded way to share memory)
+    "shmget", "msgget", "memfd_create", "memfd_secret",
     # the machine's state
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon",
     "swapoff", "acct", "syslog", "quotactl", "quotactl_fd", "settimeofday", "clock_settime", "clock_adjtime",

@@ -125,3 +125,22 @@ def test_the_tripwire_still_names_its_limit_by_exit_status():
     """The labels the audit hook gave still reach the result, now as the exit status the parent saw."""
     result = run_python("import socket\nsocket.socket()", LIMITS)
     assert result.limit == "network" and "network limit" in result.stderr
+
+
+def test_no_shared_memory_outside_the_sized_mounts():
+    """With the guard off, SysV segments (kept after shmdt, out of RLIMIT_AS) and memfds (files of the
+    kernel's internal tmpfs) held 200 MB each past a 256 MB memory limit; seccomp refuses them now."""
+    result = run_python("""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(label, ret):
+    print(label, ret if ret >= 0 else -ctypes.get_errno(), flush=True)
+attempt('shmget', libc.shmget(0, ctypes.c_size_t(20_000_000), 0o1600))
+attempt('msgget', libc.msgget(0, 0o1600))
+try:
+    print('memfd', os.memfd_create('x'), flush=True)
+except OSError as exc:
+    print('memfd', -exc.errno, flush=True)
+""", LIMITS, audit_hook=False)
+    said = dict(line.split() for line in result.stdout.splitlines())
+    assert said == {"shmget": "-1", "msgget": "-1", "memfd": "-1"}, result.stdout + result.stderr  # EPERM
