@@ -33,7 +33,7 @@ def stage_command(args: argparse.Namespace) -> None:
 def gateway_command(args: argparse.Namespace) -> None:
     """`routerops gateway ...`, parsed by gateway/cli.py's own parser (it reads the gateway's settings,
     so building it imports the gateway: only when asked for)."""
-    parser = argparse.ArgumentParser(prog="routerops")
+    parser = OneLineParser(prog="routerops")
     resolve("gateway.cli:add_gateway_parser")(parser.add_subparsers(dest="command", required=True))
     gateway_args = parser.parse_args(["gateway", *args.rest])
     if getattr(gateway_args, "db_url", None) is not None:
@@ -94,8 +94,16 @@ def add_publish_parsers(sub: argparse._SubParsersAction) -> None:
         cmd.set_defaults(func="stages.publish_command:publish_command", kind=kind)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's refusals in the CLI's one error style: one line naming what is wrong and where the
+    usage is, instead of the usage block and the message (subparsers inherit the class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="routerops", description="cost-aware LLM router pipeline")
+    parser = OneLineParser(prog="routerops", description="cost-aware LLM router pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
 
     stage = sub.add_parser("stage", help="run one stage of any pipeline (as dvc.yaml does)")

@@ -203,6 +203,13 @@ def test_a_bad_input_file_is_one_line_exit_2_and_nothing_written(prefix, parser,
     assert "bad-" in err or "not-a-database" in err, err  # names the file
 
 
+@pytest.mark.parametrize(("prefix", "parser"), COMMANDS, ids=IDS)
+def test_a_command_line_argparse_refuses_is_one_line_too(prefix, parser, capsys):
+    code, err = drive([*prefix, "--no-such-flag", "x"], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and " error: " in err and "--help" in err, err  # a missing or unknown flag
+
+
 def test_the_sqlite_check_accepts_a_real_database_and_a_new_file(tmp_path):
     """The --db-url check refuses junk, not the gateway's own database or a new one."""
     db = tmp_path / "gw.db"
