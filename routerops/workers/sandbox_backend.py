@@ -2,9 +2,11 @@
 
 `bwrap_command` builds the command line that runs one program: its own user, mount, PID, IPC, UTS,
 network and cgroup namespaces; the runtime image (sandbox_image.py) read-only as `/`; a fresh
-size-limited tmpfs as the only writable place; /proc of its own PID namespace, where the child script
-is pid 1 (the kernel delivers no signal to it that it has no handler for, so the program cannot
-kill its reaper, and when it ends every process of the namespace ends); a clean environment;
+size-limited tmpfs as the working directory and a sized /dev/shm as the only writable places (/dev
+read-only; seccomp refuses SysV shared memory and memfds, memory no size limits); /proc of its own
+PID namespace, where the child script is pid 1, non-dumpable (the kernel delivers no signal to it
+that it has no handler for, so the program cannot kill its reaper, and when it ends every process of
+the namespace ends); a clean environment;
 no capabilities, no new privileges, no nested user namespaces; and the seccomp filter below. When the
 pipeline runs as root, bwrap itself runs as an unprivileged uid (SANDBOX_UID), so even the host sees
 the program as `nobody`.
