@@ -51,6 +51,9 @@ def check_replay_args(args: argparse.Namespace) -> None:
         raise InputError("command line", "--k", f"cross-fitting needs ≥ 2 folds, got {args.k}")
     if not args.seeds:
         raise InputError("command line", "--seeds", "give at least one seed")
+    if args.drop_overlap and not (args.train_table or args.split_column):
+        raise InputError("command line", "--drop-overlap", "applies to a fit on other rows (--train-table or "
+                         "--split-column); cross-fitting never scores a query it trained on")
     known = set(ROUTER_FACTORIES) | {"prompted_llm"}
     unknown = [r for r in args.routers if r not in known and not r.startswith("single:")]
     if unknown:

@@ -99,6 +99,7 @@ def test_a_one_worker_table_gives_a_leaderboard_without_two_worker_metrics(files
     (("--k", "1"), "--k"),
     (("--bootstrap", "-3"), "--bootstrap"),
     (("--routers", "random", "knnn"), "--routers"),
+    (("--drop-overlap",), "--drop-overlap"),  # cross-fitting: nothing to drop
 ])
 def test_bad_arguments_exit_2_naming_the_flag_and_write_nothing(files, flags, field):
     tmp, prices = files
