@@ -536,6 +536,24 @@ def check_disjoint(train: RoutingData, data: RoutingData) -> None:
                          f"queries, e.g. {shared[0]!r}: the numbers would not be out of sample")
 
 
+def align_workers(train: RoutingData, data: RoutingData) -> RoutingData:
+    """`train` with its worker columns in `data`'s order: two splits of one table may list the same
+    workers in another order (the wide view follows each table's first rows). Other workers: refused."""
+    if list(train.workers) == list(data.workers):
+        return train
+    if sorted(train.workers) != sorted(data.workers):
+        only_train = sorted(set(train.workers) - set(data.workers))
+        only_scored = sorted(set(data.workers) - set(train.workers))
+        raise InputError("training table", "worker", f"trains on workers {sorted(train.workers)}, scores "
+                         f"{sorted(data.workers)} (only in training: {only_train}; only scored: {only_scored}): "
+                         "both must log the same workers")
+    order = [list(train.workers).index(w) for w in data.workers]
+    return RoutingData(query_ids=list(train.query_ids), queries=list(train.queries), workers=list(data.workers),
+                       scores=train.scores[:, order], costs=train.costs[:, order], embeddings=train.embeddings,
+                       worker_attributes=train.worker_attributes,
+                       responses=None if train.responses is None else [[row[j] for j in order] for row in train.responses])
+
+
 def _as_routing_data(table, book: PriceBook | None, encoder) -> RoutingData:
     return table if isinstance(table, RoutingData) else routing_data_from_table(table, book, encoder)
 
@@ -569,6 +587,7 @@ def run_replay_benchmark(table: str | Path | pd.DataFrame | RoutingData, price_b
     train_data = None if train is None else _as_routing_data(train, book, encoder)
     timings["embedding_s"] = time.perf_counter() - start
     if train_data is not None:
+        train_data = align_workers(train_data, data)
         check_disjoint(train_data, data)
     protocol = protocol or (f"cross-fit k={k}" if train_data is None else "fixed split: fit on train, scored here")
     custom = factories or {}

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import codecs
 import json
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -111,6 +113,44 @@ def read_yaml_mapping(path: str | Path) -> dict:
         raw = yaml.safe_load(read_text(path)) or {}
     except yaml.YAMLError as exc:
         raise InputError(path, "<file>", f"not valid YAML: {exc}") from exc
+    except ValueError as exc:  # a scalar YAML reads as a date that is not one: `2024-13-45`
+        raise InputError(path, "<file>", f"not valid YAML: {exc} (quote it if it is not meant as a date)") from exc
+    except RecursionError:  # thousands of nested [ or {: PyYAML's constructor recurses per level
+        raise InputError(path, "<file>", "not valid YAML: nested too deeply") from None
     if not isinstance(raw, dict):
         raise InputError(path, "<file>", "expected a mapping")
     return raw
+
+
+def check_output(path: str | Path, flag: str, *, folder: bool = False,
+                 inputs: tuple[str | Path | None, ...] = ()) -> None:
+    """Before any work, refuse an output that could not be written, or that is one of `inputs`:
+    InputError naming the path, the flag and the fix. `folder`: the output is a folder (it may exist);
+    else a file (it may exist and is replaced). Nothing is left behind: the check creates and removes
+    one temporary file in the nearest folder that exists, the only way to know a location is writable
+    (permissions, read-only mounts and pseudo filesystems such as /proc all say no to it alone)."""
+    path = Path(path)
+    if str(path) == "":
+        raise InputError("command line", flag, "is empty; give a path")
+    for given in inputs:
+        if given is not None and Path(given).resolve() == path.resolve():
+            raise InputError(path, flag, f"is an input of this command ({given}); writing it would overwrite "
+                                         "the input: choose another path")
+    if folder and path.exists() and not path.is_dir():
+        raise InputError(path, flag, "exists and is not a folder: give a folder (existing or new)")
+    if not folder and path.is_dir():
+        raise InputError(path, flag, f"is a folder: give a file name, such as {path / 'out'}")
+    nearest = path if folder else path.parent
+    while not nearest.exists() and nearest != nearest.parent:  # exists() is False for a dangling link too
+        if nearest.is_symlink():
+            raise InputError(path, flag, f"{nearest} is a broken symbolic link: remove it or choose another path")
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        raise InputError(path, flag, f"{nearest} is a file, not a folder: choose a path under a folder")
+    try:
+        fd, probe = tempfile.mkstemp(dir=nearest, prefix=".routerops-write-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise InputError(path, flag, f"cannot write in {nearest} ({exc.strerror or exc}): choose a "
+                                     "writable location") from None

@@ -144,6 +144,10 @@ def _read_yaml(path: Path) -> dict:
         data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         raise InputError(path, "<file>", f"not valid YAML: {exc}") from exc
+    except ValueError as exc:  # a scalar YAML reads as a date that is not one: `2024-13-45`
+        raise InputError(path, "<file>", f"not valid YAML: {exc} (quote it if it is not meant as a date)") from exc
+    except RecursionError:  # thousands of nested [ or {: PyYAML's constructor recurses per level
+        raise InputError(path, "<file>", "not valid YAML: nested too deeply") from None
     if not isinstance(data, dict):
         raise InputError(path, "<file>", "expected a mapping at the top level")
     return data
@@ -156,7 +160,8 @@ def reject_unknown_keys(path: Path, data: dict, allowed: tuple[str, ...], where:
     if unknown:
         close = difflib.get_close_matches(unknown[0], allowed, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(allowed)}"
-        raise InputError(path, f"{where}{unknown[0]}", f"unknown key; {hint}")
+        shown = unknown[0] if unknown[0].strip() == unknown[0] and unknown[0] else repr(unknown[0])  # '' or ' x'
+        raise InputError(path, f"{where}{shown}", f"unknown key; {hint}")
 
 
 def _require(path: Path, data: dict, key: str, where: str = "") -> Any:
@@ -192,22 +197,70 @@ def _parse_worker(path: Path, raw: Any, where_item: str) -> WorkerSpec:
     if not isinstance(raw, dict):
         raise InputError(path, where_item, "expected a mapping")
     reject_unknown_keys(path, raw, tuple(WorkerSpec.__dataclass_fields__), where)
-    _require(path, raw, "name", where)
+    name = _require(path, raw, "name", where)
+    if not isinstance(name, str) or not name.strip():
+        raise InputError(path, where + "name", f"expected a non-empty text, got {_clip(name)}")
     kind = _require(path, raw, "kind", where)
-    if kind not in WORKER_KINDS:
-        raise InputError(path, where + "kind", f"{kind!r} is not one of {WORKER_KINDS}")
+    if not isinstance(kind, str) or kind not in WORKER_KINDS:
+        raise InputError(path, where + "kind", f"{_clip(kind)} is not one of {WORKER_KINDS}")
     prims = _require(path, raw, "primitives", where)
     if not isinstance(prims, list) or not prims:
         raise InputError(path, where + "primitives", "expected a non-empty list")
     extra = raw.get("subtask_primitives", []) or []
     if not isinstance(extra, list):
         raise InputError(path, where + "subtask_primitives", "expected a list")
+    for field_name, names in (("primitives", prims), ("subtask_primitives", extra)):
+        for j, item in enumerate(names):
+            if not isinstance(item, str):
+                raise InputError(path, f"{where}{field_name}[{j}]", f"expected a primitive name, got {item!r}")
+    for key in ("endpoint", "model", "api_key_env"):
+        if not isinstance(raw.get(key, ""), str):
+            raise InputError(path, where + key, f"expected text, got {_clip(raw[key])}")
+    if not isinstance(raw.get("generation", {}) or {}, dict):
+        raise InputError(path, where + "generation", f"expected a mapping, got {_clip(raw['generation'])}")
     attrs = raw.get("attributes", {}) or {}
+    if not isinstance(attrs, dict):
+        raise InputError(path, where + "attributes", f"expected a mapping name -> number, got {_clip(attrs)}")
     for k, v in attrs.items():
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise InputError(path, where + f"attributes.{k}", f"expected a number, got {v!r}")
-    return WorkerSpec(**{**raw, "primitives": tuple(prims), "subtask_primitives": tuple(extra),
-                         "attributes": {k: float(v) for k, v in attrs.items()}})
+        if not _finite_number(v):
+            raise InputError(path, where + f"attributes.{k}", f"expected a finite number, got {_clip(v)}")
+    limits = {key: _check_limit(path, raw, key, where) for key in ("concurrency", "timeout_s", "max_retries")
+              if key in raw}
+    return WorkerSpec(**{**raw, **limits, "primitives": tuple(prims), "subtask_primitives": tuple(extra),
+                         "generation": dict(raw.get("generation") or {}),
+                         "attributes": {str(k): float(v) for k, v in attrs.items()}})
+
+
+# The call limits a worker runs under: (integer?, smallest allowed). A concurrency of -3 or a timeout
+# of NaN would be put in force by `pool publish` (issue 25): the semaphore, the HTTP client and the
+# retry loop each take them at face value.
+WORKER_LIMITS = {"concurrency": (True, 1), "timeout_s": (False, 0.0), "max_retries": (True, 0)}
+
+
+def _clip(value: Any, limit: int = 60) -> str:
+    """repr of a user's value, cut to `limit` characters (a 400-digit integer is one error line)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _finite_number(v: Any) -> bool:
+    """A YAML number that is a float's worth: not a bool, not NaN or ±inf, no integer past 1.8e308."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def _check_limit(path: Path, raw: dict, key: str, where: str) -> int | float:
+    integer, low = WORKER_LIMITS[key]
+    v = raw[key]
+    if integer and (isinstance(v, bool) or not isinstance(v, int) or v < low):
+        raise InputError(path, where + key, f"expected an integer ≥ {low}, got {_clip(v)}")
+    if not integer and (not _finite_number(v) or v <= low):
+        raise InputError(path, where + key, f"expected a finite number of seconds > {low:g}, got {_clip(v)}")
+    return v if integer else float(v)
 
 
 def _parse_vocabulary(path: Path, data: dict) -> dict[str, PrimitiveSpec]:
@@ -230,13 +283,13 @@ def _parse_primitive(path: Path, name: str, raw: Any) -> PrimitiveSpec:
     reject_unknown_keys(path, raw, PRIMITIVE_KEYS, where + ".")
     run = _require(path, raw, "run", where + ".")
     if run not in PRIMITIVE_RUNS:
-        raise InputError(path, where + ".run", f"{run!r} is not one of {PRIMITIVE_RUNS}")
+        raise InputError(path, where + ".run", f"{_clip(run)} is not one of {PRIMITIVE_RUNS}")
     for key in ("contract", "instruction", "runner"):
         if not isinstance(raw.get(key, ""), str):
-            raise InputError(path, f"{where}.{key}", f"expected text, got {raw[key]!r}")
+            raise InputError(path, f"{where}.{key}", f"expected text, got {_clip(raw[key])}")
     cap = raw.get("max_tokens")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0):
-        raise InputError(path, where + ".max_tokens", f"expected a positive integer, got {cap!r}")
+        raise InputError(path, where + ".max_tokens", f"expected a positive integer, got {_clip(cap)}")
     if run != "llm_program" and raw.get("runner"):
         raise InputError(path, where + ".runner", "only an llm_program primitive has a runner")
     if run in ("python", "sympy") and (raw.get("instruction") or cap is not None):
@@ -287,8 +340,8 @@ def _parse_price(path: Path, worker: str, raw: Any) -> Price:
                 raise InputError(path, f"{where}.{key}", "missing")
             continue
         v = raw[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise InputError(path, f"{where}.{key}", f"expected a finite number, got {v!r}")
+        if not _finite_number(v):
+            raise InputError(path, f"{where}.{key}", f"expected a finite number, got {_clip(v)}")
         if v < 0:
             raise InputError(path, f"{where}.{key}", f"negative price {v}")
         values[key] = float(v)
@@ -305,7 +358,7 @@ def _parse_version(path: Path, data: dict) -> str:
         return str(raw)
     if isinstance(raw, str) and raw.strip():
         return raw
-    raise InputError(path, "version", f"expected a non-empty text such as \"2026-11-01\", got {raw!r}")
+    raise InputError(path, "version", f"expected a non-empty text such as \"2026-11-01\", got {_clip(raw)}")
 
 
 def _parse_currency(path: Path, data: dict) -> str:

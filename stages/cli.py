@@ -16,12 +16,16 @@ import json
 import logging
 import sys
 
-from routerops.errors import RouteropsError
+from pathlib import Path
+
+from routerops.errors import InputError, RouteropsError
+from routerops.files import check_output
 from routerops.publishing import POOL, PRICES, published_event_name
 from stages import STAGES, resolve, run_stage
 
 
 def stage_command(args: argparse.Namespace) -> None:
+    check_output(args.root, "--root", folder=True)  # the stage writes data/ and reports/ there
     outputs = run_stage(args.name, args.params, args.root)
     print(json.dumps(outputs, indent=2, default=str))
 
@@ -29,10 +33,53 @@ def stage_command(args: argparse.Namespace) -> None:
 def gateway_command(args: argparse.Namespace) -> None:
     """`routerops gateway ...`, parsed by gateway/cli.py's own parser (it reads the gateway's settings,
     so building it imports the gateway: only when asked for)."""
-    parser = argparse.ArgumentParser(prog="routerops")
+    parser = OneLineParser(prog="routerops")
     resolve("gateway.cli:add_gateway_parser")(parser.add_subparsers(dest="command", required=True))
     gateway_args = parser.parse_args(["gateway", *args.rest])
+    if getattr(gateway_args, "db_url", None) is not None:
+        check_db_url(gateway_args.db_url)
     gateway_args.func(gateway_args)
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def check_db_url(url: str, flag: str = "--db-url") -> None:
+    """Refuse, before the store opens it, a database URL that would end in a driver's traceback: not
+    an SQLAlchemy URL, a scheme no installed dialect serves, an SQLite file whose folder does not exist
+    or that is not an SQLite database. (Only the URL is checked; a server's availability is not.)"""
+    import sqlalchemy as sa
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        parsed = sa.engine.make_url(url)
+        parsed.get_dialect()
+    except NoSuchModuleError:
+        scheme = url.partition("://")[0]
+        raise InputError("command line", flag, f"unknown database scheme {scheme!r} in {url!r}: use "
+                         "sqlite:///PATH (a file) or postgresql://USER@HOST/DB") from None
+    except (ArgumentError, ValueError) as exc:
+        raise InputError("command line", flag, f"{url!r} is not a database URL ({exc}): use sqlite:///PATH "
+                         "or postgresql://USER@HOST/DB") from None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return
+    db = Path(parsed.database)
+    if db.is_dir():
+        raise InputError(db, flag, "is a folder: name the database file, such as sqlite:///" + str(db / "gateway.db"))
+    if db.exists():
+        try:
+            with open(db, "rb") as fh:
+                head = fh.read(len(SQLITE_MAGIC))
+        except OSError as exc:
+            raise InputError(db, flag, f"cannot read the database ({exc.strerror}): check its permissions") from None
+        if head and head != SQLITE_MAGIC:
+            raise InputError(db, flag, "exists and is not an SQLite database: give a new file name or the "
+                             "gateway's database")
+        return
+    if not db.parent.is_dir():
+        raise InputError(db, flag, f"its folder {db.parent} does not exist: create it (mkdir -p {db.parent}) "
+                         "or choose another path")
+    check_output(db, flag)
 
 
 def add_publish_parsers(sub: argparse._SubParsersAction) -> None:
@@ -47,8 +94,16 @@ def add_publish_parsers(sub: argparse._SubParsersAction) -> None:
         cmd.set_defaults(func="stages.publish_command:publish_command", kind=kind)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's refusals in the CLI's one error style: one line naming what is wrong and where the
+    usage is, instead of the usage block and the message (subparsers inherit the class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="routerops", description="cost-aware LLM router pipeline")
+    parser = OneLineParser(prog="routerops", description="cost-aware LLM router pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
 
     stage = sub.add_parser("stage", help="run one stage of any pipeline (as dvc.yaml does)")
@@ -91,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--split-column", help="fit on rows whose column is --train-split, score the rest")
     replay.add_argument("--train-split", default="train")
     replay.add_argument("--score-splits", nargs="+", default=["test"])
+    replay.add_argument("--drop-overlap", action="store_true",
+                        help="score only the queries the training rows do not hold (same id or text); the "
+                             "count dropped is printed and recorded in the metadata")
     replay.add_argument("--llm-base-url", help="OpenAI-compatible endpoint for prompted_llm; default: local server")
     replay.add_argument("--prices", required=True, help="price book the costs are derived under")
     replay.add_argument("--routers", nargs="+",
@@ -125,9 +183,18 @@ def main(argv: list[str] | None = None) -> int:
         func = resolve(args.func) if isinstance(args.func, str) else args.func
         func(args)
     except RouteropsError as exc:
-        print(f"routerops: error: {exc}", file=sys.stderr)
+        print(f"routerops: error: {one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file that vanished or turned unwritable after the checks: still one line
+        where = exc.filename or "a file"
+        print(f"routerops: error: {where}: {exc.strerror or exc}: check the path and its permissions", file=sys.stderr)
         return 2
     return 0
+
+
+def one_line(message: str) -> str:
+    """Errors are one line on stderr (a YAML parser's message spans several)."""
+    return " ".join(part.strip() for part in message.splitlines() if part.strip())
 
 
 if __name__ == "__main__":

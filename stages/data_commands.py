@@ -11,6 +11,7 @@ from routerops.envs.jsonl_qa import import_jsonl_qa
 from routerops.envs.replay import import_routellm_gsm8k, write_logged_outcomes
 from routerops.envs.suites import write_tasks
 from routerops.errors import InputError
+from routerops.files import check_output
 from routerops.pricing import load_pool, load_price_book
 from routerops.validation import check_column_types, check_trajectory_rows
 from stages.pipeline import reprice_tables
@@ -20,6 +21,7 @@ def reprice_command(args: argparse.Namespace) -> None:
     """Re-price a trajectory set under another price book, without any call."""
     src, dst = Path(args.src), Path(args.out)
     check_reprice_output(src, dst)  # before any work: a bad --out must not cost a run
+    check_output(dst, "--out", folder=True, inputs=(args.price_book,))
     book = load_price_book(args.price_book)
     episodes, turns = read_trajectories(src)
     unpriced = sorted(set(turns.worker) - set(book.prices))
@@ -62,6 +64,7 @@ def validate_command(args: argparse.Namespace) -> None:
 
 def import_qa_command(args: argparse.Namespace) -> None:
     """GSM8K- or MATH-format JSONL → a tasks file the collect stage can run."""
+    check_output(args.out, "--out", inputs=(args.path,))
     tasks = import_jsonl_qa(args.path, fmt=args.format, suite=args.suite, split=args.split, limit=args.limit)
     write_tasks(tasks, Path(args.out))
     print(f"imported {len(tasks)} tasks from {args.path} -> {args.out}")
@@ -69,6 +72,7 @@ def import_qa_command(args: argparse.Namespace) -> None:
 
 def import_routellm_command(args: argparse.Namespace) -> None:
     """RouteLLM's gsm8k_responses.csv → a logged-outcomes table (docs/replay_format.md)."""
+    check_output(args.out, "--out", inputs=(args.csv, args.contaminated, args.train))
     table = import_routellm_gsm8k(args.csv, contaminated_path=args.contaminated, train_path=args.train)
     write_logged_outcomes(table, Path(args.out))
     print(f"{table.query_id.nunique()} queries x {table.worker.nunique()} workers -> {args.out}")

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 from scipy.stats import spearmanr
 
 from evaluation.mtrouter_serving import ServedMTRouter
@@ -34,6 +33,7 @@ from routerops.config import TrackConfig, load_params
 from routerops.envs.scienceworld_env import ScienceWorldEnvironment, action_category, scienceworld_tasks
 from routerops.envs.suites import read_tasks, write_tasks
 from routerops.errors import InputError
+from routerops.files import read_yaml_mapping
 from routerops.layout import Layout, Trajectories
 from routerops.metrics import count_switches
 from routerops.policies import RandomMultiTurnPolicy, SinglePolicy
@@ -83,7 +83,9 @@ class MTRouterRun:
 
 
 def load_run(path: str | Path = "params.yaml") -> MTRouterRun:
-    raw = (yaml.safe_load(Path(path).read_text()) or {}).get("mtrouter", {}) or {}
+    raw = read_yaml_mapping(path).get("mtrouter", {}) or {}
+    if not isinstance(raw, dict):
+        raise InputError(path, "mtrouter", f"expected a mapping of settings, got {type(raw).__name__}")
     allowed = {f.name for f in dataclasses.fields(MTRouterRun)} - {"track"}  # `track` is its own section
     unknown = sorted(set(raw) - allowed)
     if unknown:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Callable
 
 import pandas as pd
-import yaml
 
 from evaluation.baselines import (
     baseline_collection_plan, baseline_run_id, baseline_table, check_one_flat_primitive, check_router_names,
@@ -46,6 +45,7 @@ from routerops.envs.replay import load_logged_outcomes, write_logged_outcomes
 from routerops.envs.suites import read_tasks, write_tasks
 from routerops.envs.qa import extract_answer
 from routerops.errors import InputError, RouteropsError
+from routerops.files import read_yaml_mapping
 from routerops.grid import logged_outcomes_from_trajectories
 from routerops.layout import Layout, Trajectories
 from routerops.orchestra.curriculum import (
@@ -178,7 +178,7 @@ class OrchestraRun:
 
 
 def load_run(path: str | Path = "params.yaml") -> OrchestraRun:
-    raw = (yaml.safe_load(Path(path).read_text()) or {}).get("orchestra", {}) or {}
+    raw = read_yaml_mapping(path).get("orchestra", {}) or {}
     if isinstance(raw, dict) and "track" in raw:
         raise InputError(path, "orchestra.track", "unknown key (tracking is the top-level `track` section)")
     run = _build(OrchestraRun, raw, path, "orchestra")

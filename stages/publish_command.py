@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 
 from routerops.config import load_params
+from routerops.files import check_output
 from routerops.pricing import load_pool
 from routerops.publishing import POOL, PRICES, in_force, pool_changes, publish, published_event_name
 from services.prefect_server import emit_published
@@ -19,6 +20,7 @@ def publish_command(args: argparse.Namespace) -> None:
     root = Path(args.root)
     params = load_params(root / args.params, sections=("pool", "reprice", "ops"))
     store = root / params.ops.publish_dir
+    check_output(store, f"ops.publish_dir in {root / args.params}", folder=True)  # before anything is validated
     pool_file = in_force(store, POOL, root / params.pool.file)
     book_file = in_force(store, PRICES, root / params.reprice.price_book)
     old_pool = load_pool(pool_file) if args.kind == POOL else None

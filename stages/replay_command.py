@@ -17,6 +17,7 @@ from models.registry import ROUTER_FACTORIES
 from routerops import schema
 from routerops.envs.replay import load_logged_outcomes
 from routerops.errors import InputError
+from routerops.files import check_output
 from routerops.workers.server import local_llm_server
 
 
@@ -50,6 +51,9 @@ def check_replay_args(args: argparse.Namespace) -> None:
         raise InputError("command line", "--k", f"cross-fitting needs ≥ 2 folds, got {args.k}")
     if not args.seeds:
         raise InputError("command line", "--seeds", "give at least one seed")
+    if args.drop_overlap and not (args.train_table or args.split_column):
+        raise InputError("command line", "--drop-overlap", "applies to a fit on other rows (--train-table or "
+                         "--split-column); cross-fitting never scores a query it trained on")
     known = set(ROUTER_FACTORIES) | {"prompted_llm"}
     unknown = [r for r in args.routers if r not in known and not r.startswith("single:")]
     if unknown:
@@ -63,6 +67,39 @@ def check_replay_args(args: argparse.Namespace) -> None:
         if path.resolve() in inputs:
             raise InputError("command line", "--out", f"{path} is an input of this run; writing it would "
                              "overwrite the input")
+        check_output(path, "--out")  # writable: a bad --out must not cost the whole benchmark
+
+
+def check_same_workers(args: argparse.Namespace, train: pd.DataFrame, scored: pd.DataFrame) -> None:
+    """Before any embedding: training and scored rows log the same workers (in any order)."""
+    fitted, judged = set(train["worker"]), set(scored["worker"])
+    if fitted != judged:
+        raise InputError(args.train_table or args.table, "worker", f"the training rows log workers "
+                         f"{sorted(fitted)}, the scored rows {sorted(judged)}: both must log the same workers")
+
+
+def drop_or_refuse_overlap(args: argparse.Namespace, train: pd.DataFrame,
+                           scored: pd.DataFrame) -> tuple[pd.DataFrame, dict | None]:
+    """A router is never judged on a query it trained on (same query id or same text). Checked here,
+    before any embedding: refused, or with --drop-overlap only the unseen queries are scored. Returns
+    the scored rows and what was dropped (for the metadata), or None when nothing was checked away."""
+    seen = scored["query_id"].isin(set(train["query_id"])) | scored["query"].isin(set(train["query"]))
+    shared = list(dict.fromkeys(scored.loc[seen, "query_id"]))
+    total = scored["query_id"].nunique()
+    if not shared:
+        return scored, None
+    if not args.drop_overlap:
+        raise InputError(args.table, "query_id", f"{len(shared)} of {total} scored queries are also training "
+                         f"queries (same id or text), e.g. {shared[0]!r}: the scores would not be out of sample; "
+                         f"pass --drop-overlap to score only the {total - len(shared)} unseen ones")
+    if len(shared) == total:
+        raise InputError(args.table, "query_id", f"all {total} scored queries are also training queries: "
+                         "--drop-overlap leaves nothing to score")
+    kept = scored[~scored["query_id"].isin(shared)].reset_index(drop=True)
+    print(f"--drop-overlap: dropped {len(shared)} of {total} scored queries that are also training queries; "
+          f"scoring the {total - len(shared)} unseen ones")
+    return kept, {"dropped_queries": len(shared), "scored_queries_given": total,
+                  "scored_queries": total - len(shared), "example": shared[0]}
 
 
 def check_folds_fit(args: argparse.Namespace, scored: pd.DataFrame, train: pd.DataFrame | None) -> None:
@@ -77,6 +114,12 @@ def replay_command(args: argparse.Namespace) -> None:
     check_replay_args(args)
     train, scored, protocol = replay_tables(args)
     check_folds_fit(args, scored, train)
+    dropped = None
+    if train is not None:
+        check_same_workers(args, train, scored)
+        scored, dropped = drop_or_refuse_overlap(args, train, scored)
+        if dropped:
+            protocol += f"; {dropped['dropped_queries']} scored queries also in training dropped (--drop-overlap)"
     # SIGTERM (a scheduler stopping us) must unwind the `with` below so the local LLM server stops too.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
@@ -97,4 +140,4 @@ def replay_command(args: argparse.Namespace) -> None:
     schema.write_csv_atomic(board, board_path)
     schema.write_csv_atomic(board.attrs["curves"], curves_path)
     meta = {k: v for k, v in board.attrs.items() if k != "curves"}
-    schema.write_json_atomic({**meta, "argv": sys.argv[1:]}, meta_path)
+    schema.write_json_atomic({**meta, "drop_overlap": dropped, "argv": sys.argv[1:]}, meta_path)

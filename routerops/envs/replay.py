@@ -224,6 +224,15 @@ def _read_routellm_csv(path: Path) -> tuple[pd.DataFrame, list[str]]:
         raise unreadable(path, "CSV", exc) from exc
     if "prompt" not in raw.columns:
         raise InputError(path, "prompt", "column missing")
+    # Every column but the prompt is a model's correctness (True/False) or its `<model>_response`: one
+    # without the other would silently drop that model from the table.
+    for column in raw.columns:
+        if column.endswith("_response") and column.removesuffix("_response") not in raw.columns:
+            raise InputError(path, column.removesuffix("_response"), f"column missing: '{column}' has no "
+                             "correctness column (True/False) beside it; add it or drop the response column")
+        if column != "prompt" and not column.endswith("_response") and f"{column}_response" not in raw.columns:
+            raise InputError(path, f"{column}_response", f"column missing: model column {column!r} has no "
+                             "response column beside it; add it or drop the model column")
     models = [c for c in raw.columns if f"{c}_response" in raw.columns]
     if not models:
         raise InputError(path, "<columns>", "no '<model>' column with its '<model>_response' column")

@@ -4,12 +4,15 @@ reading stored <obs> messages back."""
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 from routerops.orchestra.grammar import (
     ATTRIBUTE_PATTERN, RESERVED_TOKEN, FinalAnswer, GrammarError, Plan, Turn, Verify, escape_text, read_tag,
     unescape_text,
 )
+
+_SUBTASK_ID = re.compile(r"[0-9]{1,9}\Z")  # ASCII digits, as the grammar's ids (grammar._INTEGER)
 
 
 def render_turn(turn: Turn) -> str:
@@ -58,7 +61,11 @@ def parse_observations(text: str) -> list[tuple[int, str]]:
         close = RESERVED_TOKEN.search(text, tag.end)
         if close is None or not text.startswith("</obs>", close.start()):
             raise ValueError(f"<obs> at offset {match.start()} is not closed")
-        subtask = ATTRIBUTE_PATTERN.match(tag.raw_attributes)
+        # render_observations writes exactly subtask="<non-negative integer>" (what the grammar's ids are)
+        subtask = ATTRIBUTE_PATTERN.fullmatch(tag.raw_attributes)
+        if subtask is None or subtask.group(1) != "subtask" or not _SUBTASK_ID.match(subtask.group(2) or ""):
+            raise ValueError(f"<obs> at offset {match.start()} has no subtask=\"<id>\" attribute: "
+                             f"{tag.raw_attributes.strip()!r}")
         body = text[tag.end:close.start()]
         body = body[1:-1] if len(body) >= 2 and body[0] == body[-1] == "\n" else body  # render_observations' newlines
         pairs.append((int(subtask.group(2)), unescape_text(body)))

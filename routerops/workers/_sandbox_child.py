@@ -4,11 +4,15 @@ Never imported by the pipeline.
 
 It is the sandbox's pid 1. It forks: the program runs in the child, under rlimits for CPU, memory,
 file size, open files and processes, optionally behind a PEP 578 audit hook, as main.py in a fresh
-`__main__` module; this process stays as its reaper and writes the program's exit status and CPU time
-to the status pipe (bwrap's exit status folds signals into 128 + N, and its resource usage misses the
-sandbox). The wall is the operating system (namespaces, read-only root, seccomp, an unprivileged uid):
-the hook is only a tripwire that names the limit a careless program ran into (filesystem, network,
-processes) instead of letting it fail obscurely.
+`__main__` module; this process stays as its reaper and writes the program's exit status to the
+status pipe (bwrap's exit status folds a signal N into 128 + N). The reaper makes itself non-dumpable
+before the fork: the program runs as the same uid, and a dumpable pid 1 would let it open
+/proc/1/mem (write the reaper's memory) and /proc/1/fd/* (write the status pipe). The program is
+made dumpable again, as any process is. The wall is the operating system (namespaces, read-only
+root, seccomp, an unprivileged uid): the hook is only a tripwire that ends a careless program with
+the exit code of the limit it ran into (filesystem, network, processes) instead of letting it fail
+obscurely. Nothing the program can write reaches the parent but its stdout and stderr: the parent
+names limits from what it observes itself (sandbox.py).
 Code in the sandbox can reach the hook (an audit hook lives in the interpreter it polices) and may
 switch it off; nothing outside the sandbox depends on it. It still looks nothing up at call time (a
 test checks its code has no LOAD_GLOBAL), so patching builtins does not silence it by accident.
@@ -71,7 +75,7 @@ def make_guard(cfg: dict):
     _OSError, _PermissionError, _ImportError, _BaseException = OSError, PermissionError, ImportError, BaseException
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     s_ifmt, s_iflnk = 0o170000, 0o120000
-    report_fd = cfg["report_fd"]
+    exit_codes = cfg["limit_exit_codes"]
     # devices, and this script (tracebacks through the hook show its source lines)
     readable_files = frozenset(["/dev/null", "/dev/urandom", "/dev/random"] + [resolve_early(cfg["child_script"])])
     # event -> (indices of path arguments, index of the dir_fd argument or -1)
@@ -90,14 +94,13 @@ def make_guard(cfg: dict):
     refused_modules = frozenset(("cffi", "_cffi_backend"))
 
     def stop(limit: str, what: str) -> None:
-        # os._exit cannot be caught: say why on stderr and on the report pipe, then end the process.
+        # os._exit cannot be caught: say why on stderr, then end with the limit's exit code.
         try:
             _flush_stdout()
         except _BaseException:  # noqa: BLE001 - a broken stdout must not keep the program alive
             pass
         _write(2, ("\nsandbox: %s blocked (%s limit)\n" % (what, limit)).encode("utf-8", "replace"))
-        _write(report_fd, limit.encode())
-        _exit(1)
+        _exit(exit_codes[limit])
 
     def resolve(path: str, base: str) -> str:
         """Absolute path with '.', '..' and symlinks resolved, like os.path.realpath."""
@@ -190,15 +193,29 @@ def make_guard(cfg: dict):
     return hook
 
 
-def report(fd: int, limit: str, message: str) -> None:
+PR_SET_DUMPABLE = 4  # <linux/prctl.h>
+
+
+def set_dumpable(on: bool) -> None:
+    """prctl(PR_SET_DUMPABLE): a non-dumpable process's /proc/PID/mem, fd/ and environ are closed to
+    processes of its uid that lack CAP_SYS_PTRACE (every process of the sandbox lacks it)."""
+    import ctypes  # only here: the program never sees this module's names
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, int(on), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+
+
+def stop_for(cfg: dict, limit: str, message: str) -> None:
     sys.stderr.write(f"\nsandbox: {message} ({limit} limit)\n")
     sys.stderr.flush()
-    os.write(fd, limit.encode())
+    os._exit(cfg["limit_exit_codes"][limit])
 
 
 def run_program(cfg: dict) -> None:
     """In the forked child: limits, hook, then main.py; ends the process like Python would."""
     os.close(cfg["status_fd"])  # only the reaper reports the exit status
+    set_dumpable(True)  # its own /proc entries as usual; the reaper stays non-dumpable
     set_program_limits(cfg)
     user_main = types.ModuleType("__main__")
     sys.modules["__main__"] = user_main  # the program never sees this module's globals by name
@@ -209,8 +226,7 @@ def run_program(cfg: dict) -> None:
             code = compile(f.read(), "main.py", "exec")
         exec(code, user_main.__dict__)
     except MemoryError:
-        report(cfg["report_fd"], "memory", "allocation failed (MemoryError)")
-        os._exit(1)
+        stop_for(cfg, "memory", "allocation failed (MemoryError)")
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001 - the program's own failure: print it like Python would
@@ -223,14 +239,15 @@ def run_program(cfg: dict) -> None:
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    set_dumpable(False)  # before the fork: the program never sees a dumpable reaper
     set_process_limit(cfg)
     sys.stdout.flush()
     pid = os.fork()
     if pid == 0:
         run_program(cfg)  # never returns: SystemExit ends the child
-    _, status, usage = os.wait4(pid, 0)
+    _, status, _ = os.wait4(pid, 0)
     code = os.waitstatus_to_exitcode(status)
-    os.write(cfg["status_fd"], json.dumps({"exit_code": code, "cpu_s": usage.ru_utime + usage.ru_stime}).encode())
+    os.write(cfg["status_fd"], json.dumps({"exit_code": code}).encode())
     os._exit(code if code >= 0 else 128 - code)
 
 

@@ -2,10 +2,17 @@
 
 Each program runs in a fresh bubblewrap sandbox (sandbox_backend.py): an unprivileged uid in its own
 user, mount, PID, IPC, UTS and network namespaces, a read-only root holding only the interpreter and
-the allowed packages (sandbox_image.py), a private size-limited tmpfs as its working directory, a
-clean environment, no capabilities, no new privileges and a seccomp filter. Inside, before the
-program runs, _sandbox_child.py sets rlimits for CPU, memory, file size, open files and processes,
-and installs an audit hook that names the limit a careless program hit (a tripwire, never the wall).
+the allowed packages (sandbox_image.py), a private size-limited tmpfs as its working directory and a
+sized /dev/shm (together disk_bytes), a clean environment, no capabilities, no new privileges and a
+seccomp filter. Inside, before the program runs, _sandbox_child.py sets rlimits for CPU, memory, file
+size, open files and processes, and installs an audit hook that stops a careless program at a limit
+(a tripwire, never the wall).
+
+Which limit stopped a program is the parent's own observation, never something the program can write:
+its own timers and counters (wall time, output), the exit status and the resource usage it collects
+with wait4 (CPU time), and the tripwire's exit codes (LIMIT_EXIT_CODES). No channel is open from the
+program to the parent besides stdout and stderr, and the reaper that reports the exit status is
+non-dumpable, so the program can neither open its descriptors nor write its memory (/proc/1/*).
 
 The parent supervises: it reads stdout and stderr itself within the output cap, and at the wall-clock
 deadline kills the sandbox's PID-namespace init, which takes every process of the namespace with it,
@@ -31,6 +38,7 @@ from pathlib import Path
 
 from routerops.workers.sandbox_backend import (
     INSTALL_HINT,
+    PAGE_BYTES,
     Backend,
     SandboxUnavailable,
     build_backend,
@@ -45,6 +53,10 @@ __all__ = ["LIMIT_NAMES", "SandboxLimits", "SandboxResult", "SandboxUnavailable"
 
 LIMIT_NAMES = ("cpu_time", "wall_time", "memory", "output", "processes", "network", "filesystem")
 GRACE_S = 0.5  # after a kill or the end of the sandbox, how long leftover output is still read
+# How the tripwire (_sandbox_child.py) ends a program it stopped: an exit status the parent observes,
+# like timeout(1)'s 124. A program may exit with one of them itself; it then only misreports its own
+# failure (an exit status of 0 is never reported as a limit).
+LIMIT_EXIT_CODES = {"memory": 111, "filesystem": 112, "network": 113, "processes": 114}
 
 
 @dataclass(frozen=True)
@@ -54,7 +66,8 @@ class SandboxLimits:
     memory_mb: int = 512  # address-space limit per process (RLIMIT_AS); the interpreter needs ~30 MB
     output_bytes: int = 1_000_000  # stdout + stderr together; the program is killed past this
     file_bytes: int = 16_000_000  # largest file the program may write (RLIMIT_FSIZE)
-    disk_bytes: int = 64_000_000  # size of its private tmpfs, all files together
+    disk_bytes: int = 64_000_000  # every writable mount together: its private tmpfs and /dev/shm
+    shm_bytes: int = 4_000_000  # the /dev/shm tmpfs, taken out of disk_bytes (at most half of it)
     open_files: int = 64  # RLIMIT_NOFILE
     processes: int = 0  # processes or threads beyond the program itself (RLIMIT_NPROC)
 
@@ -129,29 +142,38 @@ def execute(code: str, limits: SandboxLimits, backend: Backend, audit_hook: bool
     """Run `code` in `backend` (run_python, once the backend has passed its probe)."""
     parent_ends, child_ends = [], []
     try:
-        report_r, report_w = os.pipe()  # the audit hook writes the name of the limit it hit here
-        status_r, status_w = os.pipe()  # the child's reaper writes the exit status and CPU time here
+        status_r, status_w = os.pipe()  # the reaper writes the exit status here (the program cannot)
         info_r, info_w = os.pipe()  # bwrap writes {"child-pid": ...} here once the sandbox exists
-        parent_ends += [report_r, status_r, info_r]
+        parent_ends += [status_r, info_r]
         fds = {"info": info_w, "seccomp": memfd_with(backend.seccomp, "seccomp"),
                "child": memfd_with(_child_script(), "child"),
                "program": memfd_with(code.encode("utf-8", "replace"), "program")}
-        child_ends += [report_w, status_w, *fds.values()]
+        child_ends += [status_w, *fds.values()]
         config = {"cpu_s": int(limits.cpu_s), "memory_bytes": int(limits.memory_mb) * 1024 * 1024,
                   "file_bytes": int(limits.file_bytes), "open_files": int(limits.open_files),
-                  "processes": int(limits.processes), "report_fd": report_w, "status_fd": status_w,
+                  "processes": int(limits.processes), "status_fd": status_w, "limit_exit_codes": LIMIT_EXIT_CODES,
                   "audit_hook": audit_hook,
                   "read_roots": list(backend.image.read_roots), "child_script": CHILD_PATH}
         argv = [backend.image.python, "-I", "-B", CHILD_PATH, json.dumps(config)]
         started = time.monotonic()
+        workdir_bytes, shm_bytes = disk_split(limits)
         proc = subprocess.Popen(
-            bwrap_command(backend, fds, int(limits.disk_bytes), argv), env={}, stdin=subprocess.DEVNULL,
+            bwrap_command(backend, fds, workdir_bytes, argv, shm_bytes=shm_bytes), env={}, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=child_ends, start_new_session=True,
             **_run_as(backend))
-        _close(child_ends)  # only the sandbox holds them now: EOF on report/info means it is gone
-        return _supervise(proc, {"report": report_r, "status": status_r, "info": info_r}, limits, started)
+        _close(child_ends)  # only the sandbox holds them now: EOF on status/info means it is gone
+        return _supervise(proc, {"status": status_r, "info": info_r}, limits, started)
     finally:
         _close(parent_ends + child_ends)
+
+
+def disk_split(limits: SandboxLimits) -> tuple[int, int]:
+    """(working directory, /dev/shm) tmpfs sizes in whole pages, together at most disk_bytes: tmpfs
+    rounds a size up to whole pages, so both are rounded down here; /dev/shm gets at most half."""
+    page = PAGE_BYTES
+    disk = max(int(limits.disk_bytes), 2 * page)
+    shm = min(max(int(limits.shm_bytes), page), disk // 2) // page * page
+    return (disk - shm) // page * page, shm
 
 
 @functools.lru_cache(maxsize=1)
@@ -175,8 +197,9 @@ def _close(fds: list[int]) -> None:
 class _Supervisor:
     """Reads the sandbox's pipes within the output cap and the deadline; kills the whole sandbox.
 
-    side: the small pipes besides stdout and stderr: "report" (the limit the audit hook hit), "status"
-    (the reaper's exit status and CPU time) and "info" (bwrap's JSON with the namespace init's pid)."""
+    side: the small pipes besides stdout and stderr: "status" (the reaper's exit status: it tells a
+    signal N from an exit code of 128 + N, which bwrap's own status folds together) and "info"
+    (bwrap's JSON with the namespace init's pid)."""
 
     POLL_S = 0.02
     SIDE_BYTES = 4096  # the side pipes carry a few bytes; never buffer more
@@ -259,12 +282,11 @@ class _Supervisor:
             else:
                 os.close(pidfd)
 
-    def status(self) -> tuple[int | None, float]:
-        """(exit code, CPU seconds) as the reaper inside reported them; (None, 0.0) when it could not."""
+    def reaper_exit_code(self) -> int | None:
+        """The program's exit code as the reaper reported it; None when it did not."""
         with contextlib.suppress(ValueError, KeyError, TypeError):
-            status = json.loads(self.side["status"].decode())
-            return int(status["exit_code"]), float(status["cpu_s"])
-        return None, 0.0
+            return int(json.loads(self.side["status"].decode())["exit_code"])
+        return None
 
     def close(self) -> None:
         if self.init_pidfd >= 0:
@@ -277,19 +299,22 @@ def _supervise(proc: subprocess.Popen, side: dict[str, int], limits: SandboxLimi
         sup.pump()
     finally:
         sup.kill_sandbox()  # nothing of it outlives the call, whatever ended the pump
-        _, status, _ = os.wait4(proc.pid, 0)
+        # bwrap's resource usage includes every process of the sandbox it and the reaper waited for.
+        _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)  # tell Popen the child is reaped
         proc.stdout.close()
         proc.stderr.close()
         sup.close()
-    exit_code, cpu = sup.status()
-    if exit_code is None or sup.killed_for:  # killed by us, or the reaper was: bwrap's status is all there is
-        exit_code = _program_exit_code(proc.returncode)
+    cpu = usage.ru_utime + usage.ru_stime
+    exit_code = _program_exit_code(proc.returncode)
+    said = sup.reaper_exit_code()
+    if said is not None and not sup.killed_for and _folded(said) == proc.returncode:
+        exit_code = said  # the reaper tells a signal N from an exit code of 128 + N; bwrap cannot
     return SandboxResult(
         stdout=sup.buffers[sup.out_fd].decode("utf-8", "replace"),
         stderr=sup.buffers[sup.err_fd].decode("utf-8", "replace"),
         exit_code=exit_code,
-        limit=_which_limit(sup.killed_for, bytes(sup.side["report"]), exit_code, cpu, limits),
+        limit=_which_limit(sup.killed_for, exit_code, cpu, limits),
         duration_s=time.monotonic() - started,
         cpu_s=cpu,
     )
@@ -302,14 +327,22 @@ def _program_exit_code(bwrap_code: int) -> int:
     return bwrap_code
 
 
-def _which_limit(killed_for: str | None, report: bytes, exit_code: int, cpu: float, limits: SandboxLimits):
+def _folded(exit_code: int) -> int:
+    """The reaper's own exit status for a program exit code (how bwrap passes it on)."""
+    return exit_code if exit_code >= 0 else 128 - exit_code
+
+
+def _which_limit(killed_for: str | None, exit_code: int, cpu: float, limits: SandboxLimits) -> str | None:
+    """From what the parent saw itself: its own kill, the exit status, the CPU time wait4 counted."""
     if killed_for:
         return killed_for
-    reported = report.decode("ascii", "replace").strip()
-    if reported in LIMIT_NAMES:
-        return reported
-    # The kernel enforces RLIMIT_CPU with SIGXCPU, then SIGKILL at the hard limit one second later.
-    if exit_code in (-signal.SIGXCPU, -signal.SIGKILL) and cpu >= 0.9 * limits.cpu_s:
+    for limit, code in LIMIT_EXIT_CODES.items():
+        if exit_code == code:
+            return limit
+    # The kernel enforces RLIMIT_CPU with SIGXCPU, then SIGKILL at the hard limit one second later
+    # (a program that handles SIGXCPU). SIGXCPU is the kernel's own word; a SIGKILL only counts with
+    # the CPU time wait4 measured (which, under load, can read 10-30 % below the kernel's limit check).
+    if exit_code == -signal.SIGXCPU or (exit_code == -signal.SIGKILL and cpu >= 0.9 * limits.cpu_s):
         return "cpu_time"
     return None
 

@@ -2,9 +2,11 @@
 
 `bwrap_command` builds the command line that runs one program: its own user, mount, PID, IPC, UTS,
 network and cgroup namespaces; the runtime image (sandbox_image.py) read-only as `/`; a fresh
-size-limited tmpfs as the only writable place; /proc of its own PID namespace, where the child script
-is pid 1 (the kernel delivers no signal to it that it has no handler for, so the program cannot
-kill its reaper, and when it ends every process of the namespace ends); a clean environment;
+size-limited tmpfs as the working directory and a sized /dev/shm as the only writable places (/dev
+read-only; seccomp refuses SysV shared memory and memfds, memory no size limits); /proc of its own
+PID namespace, where the child script is pid 1, non-dumpable (the kernel delivers no signal to it
+that it has no handler for, so the program cannot kill its reaper, and when it ends every process of
+the namespace ends); a clean environment;
 no capabilities, no new privileges, no nested user namespaces; and the seccomp filter below. When the
 pipeline runs as root, bwrap itself runs as an unprivileged uid (SANDBOX_UID), so even the host sees
 the program as `nobody`.
@@ -43,6 +45,10 @@ DENIED_SYSCALLS = (
     # kernel interfaces with a record of privilege escalations
     "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
     "keyctl", "add_key", "request_key", "open_by_handle_at", "name_to_handle_at", "fanotify_init",
+    # memory outside every limit (issue 25): SysV shared memory segments and message queues outlive
+    # the detach that took them out of RLIMIT_AS, and a memfd is a tmpfs file of the kernel's own
+    # mount, outside the sized ones (/dev/shm is the bounded way to share memory)
+    "shmget", "msgget", "memfd_create", "memfd_secret",
     # the machine's state
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon",
     "swapoff", "acct", "syslog", "quotactl", "quotactl_fd", "settimeofday", "clock_settime", "clock_adjtime",
@@ -50,6 +56,7 @@ DENIED_SYSCALLS = (
 )
 CLONE_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # push input into / control a terminal
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")  # tmpfs rounds its size up to whole pages
 
 
 class SandboxUnavailable(RouteropsError):
@@ -152,8 +159,18 @@ def sandbox_env(image: RuntimeImage) -> dict[str, str]:
     return env
 
 
-def bwrap_command(backend: Backend, fds: dict[str, int], workdir_bytes: int, argv: list[str]) -> list[str]:
-    """fds: 'seccomp', 'child' (the child script), 'program' (main.py), 'info' (bwrap's JSON status)."""
+def bwrap_command(backend: Backend, fds: dict[str, int], workdir_bytes: int, argv: list[str], *,
+                  shm_bytes: int) -> list[str]:
+    """fds: 'seccomp', 'child' (the child script), 'program' (main.py), 'info' (bwrap's JSON status).
+
+    Every writable mount has a size (bubblewrap and nsjail practice: no tmpfs at the kernel's default,
+    half of RAM, outside the memory limit): the working directory holds workdir_bytes, /dev/shm (POSIX
+    shared memory, multiprocessing's semaphores) holds shm_bytes, and /dev itself, a tmpfs bubblewrap
+    fills with device nodes and cannot size, is remounted read-only once /dev/shm is mounted in it.
+    A size of 0 would mean no limit to tmpfs: both must be at least one page."""
+    if min(workdir_bytes, shm_bytes) < PAGE_BYTES:
+        raise ValueError(f"tmpfs sizes must be at least {PAGE_BYTES} bytes (0 is unlimited to tmpfs), got "
+                         f"{workdir_bytes} and {shm_bytes}")
     image = backend.image
     cmd = [backend.setpriv, "--pdeathsig", "KILL", "--"] if backend.setpriv else []
     cmd += [backend.bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
@@ -162,6 +179,7 @@ def bwrap_command(backend: Backend, fds: dict[str, int], workdir_bytes: int, arg
     for key, value in sandbox_env(image).items():
         cmd += ["--setenv", key, value]
     cmd += ["--ro-bind", str(image.root), "/", "--proc", "/proc", "--dev", "/dev",
+            "--size", str(shm_bytes), "--perms", "1777", "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
             "--size", str(workdir_bytes), "--perms", "0700", "--tmpfs", WORKDIR,
             "--ro-bind-data", str(fds["child"]), CHILD_PATH, "--file", str(fds["program"]), f"{WORKDIR}/main.py",
             "--chdir", WORKDIR, "--seccomp", str(fds["seccomp"]), "--info-fd", str(fds["info"]), "--", *argv]

@@ -99,6 +99,7 @@ def test_a_one_worker_table_gives_a_leaderboard_without_two_worker_metrics(files
     (("--k", "1"), "--k"),
     (("--bootstrap", "-3"), "--bootstrap"),
     (("--routers", "random", "knnn"), "--routers"),
+    (("--drop-overlap",), "--drop-overlap"),  # cross-fitting: nothing to drop
 ])
 def test_bad_arguments_exit_2_naming_the_flag_and_write_nothing(files, flags, field):
     tmp, prices = files
@@ -124,3 +125,71 @@ def test_out_that_is_a_directory_is_refused_before_any_work(files):
     result = replay(write(outcome_table(), tmp / "t.csv"), prices, tmp / "adir")
     assert result.returncode == 2 and "directory" in result.stderr and "Traceback" not in result.stderr
     assert "routers" not in result.stdout  # refused before the leaderboard was computed
+
+
+# ---------------------------------------------------------------- issue 25
+
+
+def test_an_unwritable_out_is_refused_before_any_work(files):
+    """`replay` ran the whole benchmark, then died with a traceback writing under a regular file or /proc."""
+    tmp, prices = files
+    table = write(outcome_table(), tmp / "t.csv")
+    (tmp / "a-file").write_text("not a folder\n")
+    for out in (tmp / "a-file" / "board.csv", Path("/proc/routerops-test/board.csv")):
+        result = replay(table, prices, out)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and "--out" in result.stderr
+        assert "routers" not in result.stdout and not (tmp / "cache").exists()  # no leaderboard, no embedding
+
+
+def split_table_in_two_orders(n: int = 60) -> pd.DataFrame:
+    """A valid table whose train rows list the workers weak, strong, and whose test rows strong, weak."""
+    table = outcome_table(n).assign(split=lambda t: np.where(t["query_id"] < f"q{n // 2:03d}", "train", "test"))
+    train, test = table[table.split == "train"], table[table.split == "test"]
+    return pd.concat([train, test.iloc[::-1]], ignore_index=True)
+
+
+def test_split_column_accepts_the_same_workers_in_another_order(files):
+    tmp, prices = files
+    out = tmp / "board.csv"
+    result = replay(write(split_table_in_two_orders(), tmp / "t.csv"), prices, out, "--split-column", "split")
+    assert result.returncode == 0, result.stderr
+    board = pd.read_csv(out).set_index("router")
+    assert {"single:weak", "single:strong", "oracle"} <= set(board.index)
+    # the columns were matched by name: the oracle is scored on the test split's own outcomes
+    test = outcome_table(60).query("query_id >= 'q030'")
+    best = test.groupby("query_id")["score"].max().mean()
+    assert board.loc["oracle", "best_accuracy"] == pytest.approx(best)
+
+
+def overlapping_tables(tmp: Path, shared: int = 5) -> tuple[Path, Path]:
+    """Train on q000-q029, score q030-q059 of which `shared` carry the text of a training query."""
+    table = outcome_table(60)
+    train = table[table.query_id < "q030"]
+    test = table[table.query_id >= "q030"].copy()
+    copied = {f"q{30 + i:03d}": f"Question {i}: what is {i} plus {i % 7}?" for i in range(shared)}
+    test["query"] = test["query_id"].map(copied).fillna(test["query"])
+    return write(train, tmp / "train.csv"), write(test, tmp / "test.csv")
+
+
+def test_overlapping_train_and_test_are_refused_before_any_embedding(files):
+    """The refusal came after 75 s of embedding, with no way on: now before any work, offering one."""
+    tmp, prices = files
+    train, test = overlapping_tables(tmp)
+    out = tmp / "board.csv"
+    result = replay(test, prices, out, "--train-table", str(train))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "5 of 30 scored queries" in result.stderr and "--drop-overlap" in result.stderr
+    assert not (tmp / "cache").exists() and not out.exists()  # nothing embedded, nothing written
+
+
+def test_drop_overlap_scores_the_unseen_queries_and_records_how_many_were_dropped(files):
+    tmp, prices = files
+    train, test = overlapping_tables(tmp)
+    out = tmp / "board.csv"
+    result = replay(test, prices, out, "--train-table", str(train), "--drop-overlap")
+    assert result.returncode == 0, result.stderr
+    assert "dropped 5 of 30 scored queries" in result.stdout
+    meta = __import__("json").loads(out.with_suffix(".meta.json").read_text())
+    assert meta["drop_overlap"]["dropped_queries"] == 5 and meta["n_queries"] == 25
+    assert "--drop-overlap" in meta["protocol"]
