@@ -71,7 +71,11 @@ def read_log(source: str | Path, router: str | None = None, graded_before: str |
         path = Path(text)
         if not path.is_file():
             raise InputError(path, "log", "no such file: give the gateway's database URL or an exported table")
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path, keep_default_na=False)
+        try:
+            frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path, keep_default_na=False)
+        except (ValueError, OSError, UnicodeDecodeError) as exc:  # pandas/pyarrow parse errors are ValueErrors
+            raise InputError(path, "log", f"not a decision table ({type(exc).__name__}): export one with "
+                                          "gateway.store.read_decisions, or give the database URL") from None
         frame["score"] = pd.to_numeric(frame.get("score"), errors="coerce")
         frame = frame[frame.score.notna() & (frame.get("worker", "x") != "")].reset_index(drop=True)
     missing = [c for c in ("decision_id", "router", "chosen", "propensity", "explanation", "score", "cost_usd")

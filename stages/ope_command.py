@@ -81,6 +81,9 @@ def ope_command(args: argparse.Namespace) -> None:
     from evaluation.ope import evaluate, leaderboard, markdown, read_log, traffic
     from routerops import schema
 
+    from routerops.files import check_output
+
+    check_output(args.out, "--out", folder=True, inputs=(args.log,))  # before any work (one error style)
     frame = read_log(args.log, args.router)
     if args.router is None and frame.router.nunique() > 1:
         raise InputError("command line", "--router", f"the log serves several routers {sorted(frame.router.unique())}: "

@@ -30,11 +30,12 @@ JUNK = b"\x00\xff\xfe not what this command reads {[\n"
 OUTPUTS = {"out", "root", "db_url"}
 # Arguments that name a file (or folder) the command reads.
 INPUTS = {"table", "train_table", "prices", "price_book", "pool", "src", "csv", "contaminated", "train", "path",
-          "file", "params", "tracking_uri", "pool_file"}
+          "file", "params", "tracking_uri", "pool_file", "log"}
 # Everything else: a value that is not a file, given a valid one (or left at its default).
 VALUES = {"help", "command", "name", "format", "suite", "split", "limit", "split_column", "train_split",
           "score_splits", "llm_base_url", "routers", "k", "seeds", "bootstrap", "drop_overlap", "rest",
-          "budget_usd", "period", "host", "port", "local_server", "loop", "http"}
+          "budget_usd", "period", "host", "port", "local_server", "loop", "http",
+          "router", "estimators", "direct_model", "gate", "gate_metric", "gate_estimator"}  # routerops ope
 VALUES |= {"local_base_url"}  # an endpoint's URL (gateway serve)
 REQUIRED_VALUES = {"budget_usd": "1", "routers": "some-router"}  # required options that take a value
 
@@ -109,7 +110,10 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     qa.write_text(json.dumps({"question": "1+1?", "answer": "2\n#### 2"}) + "\n")
     params = folder / "params.yaml"
     params.write_text((REPO / "params.yaml").read_text())
-    return {"table": table, "train_table": table, "prices": BOOK, "price_book": BOOK, "pool": POOL, "src": src,
+    log = folder / "decisions.csv"  # routerops ope's exported decision log (its columns; one graded row)
+    pd.DataFrame([{"decision_id": "d1", "router": "r", "chosen": "smol-direct", "propensity": 1.0,
+                   "explanation": "{}", "score": 1.0, "cost_usd": 0.0, "worker": "smol-direct"}]).to_csv(log, index=False)
+    return {"log": log, "table": table, "train_table": table, "prices": BOOK, "price_book": BOOK, "pool": POOL, "src": src,
             "csv": routellm, "path": qa, "params": params, "folder": folder}
 
 
