@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +48,7 @@ def read_json_object(raw: bytes, what: str = "the body") -> dict[str, Any]:
         raise RequestError(400, f"{what} is not UTF-8 (byte {exc.start}): send JSON encoded as UTF-8",
                            code="invalid_encoding") from None
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except RecursionError:
         raise RequestError(400, f"{what} nests JSON deeper than {MAX_JSON_DEPTH} levels", code="invalid_json") from None
     except ValueError as exc:  # JSONDecodeError, and the decoder's own limits (e.g. huge integers)
@@ -56,7 +57,43 @@ def read_json_object(raw: bytes, what: str = "the body") -> dict[str, Any]:
         raise RequestError(400, f"{what} must be a JSON object, got {json_type(value)}", code="invalid_type")
     if json_depth(value) > MAX_JSON_DEPTH:
         raise RequestError(400, f"{what} nests JSON deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
+    if LONE_SURROGATE.search(text) and not _encodable(value):
+        # "\ud800" is valid JSON but no UTF-8 text: it could be neither counted nor sent to a worker
+        raise RequestError(400, f"{what} holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)",
+                           code="invalid_encoding")
     return value
+
+
+LONE_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # a surrogate escape: checked when one appears
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} is out of a double's range")
+    return value
+
+
+def _encodable(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        try:
+            if isinstance(item, str):
+                item.encode("utf-8")
+            elif isinstance(item, dict):
+                for k, v in item.items():
+                    k.encode("utf-8")
+                    stack.append(v)
+            elif isinstance(item, list):
+                stack.extend(item)
+        except UnicodeEncodeError:
+            return False
+    return True
 
 
 def json_depth(value: Any) -> int:

@@ -538,7 +538,8 @@ def _close_store(ref: weakref.ref) -> None:
 def _decision_row(record: dict[str, Any]) -> dict[str, Any]:
     row = {k: record[k] for k in DECISION_COLUMNS if k in record}
     row["explanation"] = json.dumps(record.get("explanation", {}), sort_keys=True)
-    return row
+    # Postgres refuses NUL in text, and a refused row would take the settlement's transaction with it
+    return {k: v.replace("\x00", "\ufffd") if isinstance(v, str) else v for k, v in row.items()}
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -85,7 +85,8 @@ class Served:
         url = self.endpoint.__enter__()
         accepts = accepts or {}
         pool = dataclasses.replace(POOL, workers=tuple(
-            dataclasses.replace(w, endpoint=url, accepts=accepts.get(w.name, {})) if w.kind == "llm" else w
+            dataclasses.replace(w, endpoint=url, **({"accepts": accepts[w.name]} if w.name in accepts else {}))
+            if w.kind == "llm" else w
             for w in POOL.workers))
         self.db_url = f"sqlite:///{tmp_path / 'gw.db'}"
         champions = Champions([NAME], pool, BOOK)
