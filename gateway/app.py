@@ -84,7 +84,7 @@ class GatewayConfig:
     max_in_flight: int = 256
     max_queue: int = 256
     max_queue_wait_s: float = 0.05
-    max_loop_lag_ms: float = 10.0  # 0: the loop's lag is not watched
+    max_loop_lag_ms: float = 0.0  # 0: the loop's lag is not watched
 
     def __post_init__(self) -> None:
         if not self.routers:
@@ -666,7 +666,8 @@ def create_app(gw: Gateway) -> FastAPI:
     async def metrics():
         return PlainTextResponse(gw.metrics(), media_type="text/plain; version=0.0.4")
 
-    openapi.install(app)
+    accepted = {kind for w in gw.pool.workers if w.kind == "llm" for kind in w.accepts}
+    openapi.install(app, gw.cfg.max_tokens_cap, [AUTO] + [ROUTER_PREFIX + n for n in gw.cfg.routers], accepted)
     return app
 
 

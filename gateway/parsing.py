@@ -154,7 +154,7 @@ def check_chat_request(body: dict[str, Any]) -> ChatRequest:
     n = body.get("n", 1)
     if n is not None and (isinstance(n, bool) or n != 1):
         raise RequestError(400, "`n` must be 1: one routed answer per request", param="n")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = integer(body.get("max_completion_tokens", body.get("max_tokens")))
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise RequestError(400, f"`max_tokens` must be a positive integer, got {short(max_tokens)}", param="max_tokens")
     for name in ("stream", "explain"):
@@ -178,7 +178,7 @@ def check_chat_request(body: dict[str, Any]) -> ChatRequest:
     if stop is not None and not isinstance(stop, str) and not (
             isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         raise invalid("stop", "a string or an array of strings", stop)
-    seed = body.get("seed")
+    seed = integer(body.get("seed"))
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise invalid("seed", "an integer", seed)
     media = Counter(part["type"] for m in messages if isinstance(m.get("content"), list)
@@ -186,6 +186,11 @@ def check_chat_request(body: dict[str, Any]) -> ChatRequest:
     return ChatRequest(model, messages, max_tokens, bool(body.get("stream")), bool(body.get("explain")),
                        optional_number(body, "budget_usd", math.inf), optional_number(body, "cost_weight", None),
                        optional_number(body, "turns_left", math.inf), dict(media), bool(tools), body)
+
+
+def integer(value: Any) -> Any:
+    """An integral float as an int (JSON Schema's integer: 387.0 is one); anything else as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def optional_number(body: dict[str, Any], name: str, default: float | None) -> float | None:
