@@ -656,9 +656,8 @@ def create_app(gw: Gateway) -> FastAPI:
     @app.post("/v1/decisions/{decision_id}/feedback", **openapi.FEEDBACK)
     async def feedback(decision_id: str, request: Request):
         key = await gw.authenticate(request)
-        raw = await body_bytes(request)
+        score = read_feedback(await body_bytes(request))  # first: a fuzzer's bodies reach the parser
         await own_decision(gw, key, decision_id)
-        score = read_feedback(raw)
         await asyncio.to_thread(gw.store.record_score, decision_id, score)
         return {"decision_id": decision_id, "score": score}
 

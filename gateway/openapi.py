@@ -113,7 +113,9 @@ def errors(*statuses: int) -> dict[int, dict[str, Any]]:
 
 CHAT = {"responses": {200: {"description": "the worker's completion, or server-sent events when stream is true",
                             "content": {"application/json": {"schema": COMPLETION},
-                                        "text/event-stream": {"schema": {"type": "string"}}}},
+                                        # each server-sent event: its data is a chunk's JSON, or [DONE]
+                                        "text/event-stream": {"schema": {"type": "object", "required": ["data"],
+                                                                         "properties": {"data": {"type": "string"}}}}}},
                       **errors(400, 401, 404, 413, 429, 502, 503)},
         "openapi_extra": {"requestBody": {"required": True, "content": {"application/json": {"schema": CHAT_REQUEST}}}}}
 MODELS = {"responses": {200: json_body({"type": "object", "required": ["object", "data"], "properties": {

@@ -154,7 +154,9 @@ def check_chat_request(body: dict[str, Any]) -> ChatRequest:
     n = body.get("n", 1)
     if n is not None and (isinstance(n, bool) or n != 1):
         raise RequestError(400, "`n` must be 1: one routed answer per request", param="n")
-    max_tokens = integer(body.get("max_completion_tokens", body.get("max_tokens")))
+    # max_completion_tokens (OpenAI's newer name) wins when given; a null one does not hide max_tokens
+    asked = body.get("max_completion_tokens")
+    max_tokens = integer(body.get("max_tokens") if asked is None else asked)
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise RequestError(400, f"`max_tokens` must be a positive integer, got {short(max_tokens)}", param="max_tokens")
     for name in ("stream", "explain"):

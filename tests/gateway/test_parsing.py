@@ -160,3 +160,13 @@ def test_the_reported_bodies_are_our_400(raw):
     with pytest.raises(RequestError) as info:
         read_json_object(raw)
     assert_ours(info.value)
+
+
+def test_a_null_max_completion_tokens_does_not_hide_max_tokens():
+    # found by Schemathesis (benchmarks/gateway_fuzz.py): {"max_completion_tokens": null, "max_tokens": 0} was a 200
+    body = {"model": "auto", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": None,
+            "max_tokens": 0}
+    with pytest.raises(RequestError):
+        check_chat_request(body)
+    assert check_chat_request({**body, "max_tokens": 7}).max_tokens == 7
+    assert check_chat_request({**body, "max_tokens": 7, "max_completion_tokens": 5.0}).max_tokens == 5
