@@ -85,6 +85,9 @@ class GatewayConfig:
     max_queue: int = 256
     max_queue_wait_s: float = 0.05
     max_loop_lag_ms: float = 0.0  # 0: the loop's lag is not watched
+    # A standing queue: every recent request's overhead this far above the unloaded one (0: not watched;
+    # `gateway serve` watches it by default, gateway/cli.py).
+    max_overhead_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.routers:
@@ -94,7 +97,8 @@ class GatewayConfig:
                                  ("max_tokens_cap", self.max_tokens_cap, 1), ("max_body_bytes", self.max_body_bytes, 1),
                                  ("max_in_flight", self.max_in_flight, 1), ("max_queue", self.max_queue, 0),
                                  ("max_queue_wait_s", self.max_queue_wait_s, 0),
-                                 ("max_loop_lag_ms", self.max_loop_lag_ms, 0)):
+                                 ("max_loop_lag_ms", self.max_loop_lag_ms, 0),
+                                 ("max_overhead_ms", self.max_overhead_ms, 0)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= low):
                 raise InputError("gateway config", name, f"expected a number ≥ {low}, got {value!r}")
         if not 0 <= self.epsilon <= 1:
@@ -154,7 +158,8 @@ class Gateway:
         self.champions = champions or Champions(list(cfg.routers), self.pool, self.book)
         self.systems = {w.name: str(w.generation.get("system", "")) for w in self.pool.workers}
         self.accepts = {w.name: dict(w.accepts) for w in self.pool.workers}
-        self.admission = Admission(cfg.max_in_flight, cfg.max_queue, cfg.max_queue_wait_s, cfg.max_loop_lag_ms)
+        self.admission = Admission(cfg.max_in_flight, cfg.max_queue, cfg.max_queue_wait_s, cfg.max_loop_lag_ms,
+                                   max_overhead_ms=cfg.max_overhead_ms)
         self.counts: dict[str, int] = {}  # responses by status, overruns (GET /metrics)
         self.overrun_usd = 0.0
         self._clients: dict[str, openai.AsyncOpenAI] = {}
@@ -376,10 +381,13 @@ class Gateway:
                  "# TYPE routerops_gateway_queued_total counter", f"routerops_gateway_queued_total {a.queued}",
                  "# TYPE routerops_gateway_shed_total counter"]
         lines += [f'routerops_gateway_shed_total{{reason="{r}"}} {getattr(a, "shed_" + r)}'
-                  for r in ("queue_full", "queue_wait", "loop_lag")]
+                  for r in ("queue_full", "queue_wait", "loop_lag", "overhead")]
         lines += ["# TYPE routerops_gateway_in_flight gauge", f"routerops_gateway_in_flight {a.in_flight}",
                   "# TYPE routerops_gateway_waiting gauge", f"routerops_gateway_waiting {a.waiting}",
                   "# TYPE routerops_gateway_loop_lag_ms gauge", f"routerops_gateway_loop_lag_ms {a.loop_lag_ms:.3f}",
+                  "# TYPE routerops_gateway_overhead_ms gauge", f"routerops_gateway_overhead_ms {a.overhead_ms:.3f}",
+                  "# TYPE routerops_gateway_baseline_overhead_ms gauge",
+                  f"routerops_gateway_baseline_overhead_ms {a.baseline_overhead_ms:.3f}",
                   "# TYPE routerops_gateway_responses_total counter"]
         lines += [f'routerops_gateway_responses_total{{status="{k[7:]}"}} {v}'
                   for k, v in sorted(self.counts.items()) if k.startswith("status_")]
@@ -630,6 +638,9 @@ def create_app(gw: Gateway) -> FastAPI:
             response = await answer_orchestrated(gw, key, req.body, champion, req.messages, req.budget_usd)
         else:
             call = await gw.open_call(key, req, champion)
+            admitted_at = request.scope.get("state", {}).get("admitted_at")
+            if admitted_at is not None:  # the gateway's part before the worker call (gateway/admission.py)
+                gw.admission.observe(time.monotonic() - admitted_at)
             response = await (stream(gw, call) if req.stream else complete(gw, call))
         gw.count(f"status_{response.status_code}")
         return response

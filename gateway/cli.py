@@ -21,6 +21,9 @@ from routerops.errors import InputError
 
 DEFAULT_DB = GatewayConfig.__dataclass_fields__["db_url"].default
 QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")  # the worker calls' HTTP clients
+# The server's admission control watches its standing queue (gateway/admission.py; benchmarks/
+# gateway_overhead.py --sweep); a Gateway made in code (tests, notebooks) does not unless told.
+SERVE_DEFAULTS = {"max_overhead_ms": 5.0}
 SERVE_ENV = "ROUTEROPS_GATEWAY_SERVE"  # --workers N: the configuration each process reads (app_from_env)
 
 
@@ -50,11 +53,12 @@ def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
         if name == "routers":
             continue
         flag = "--" + name.replace("_", "-")
+        default = SERVE_DEFAULTS.get(name, spec.default)
         if spec.type == "bool":
-            serve.add_argument(flag, action=argparse.BooleanOptionalAction, default=spec.default)
+            serve.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
         else:
             kind = {"float": float, "int": int}.get(spec.type, str)
-            serve.add_argument(flag, type=kind, default=spec.default)
+            serve.add_argument(flag, type=kind, default=default)
     serve.set_defaults(func=serve_command)
 
     keys = commands.add_parser("keys", help="API keys and their budgets")
