@@ -154,11 +154,14 @@ def check_chat_request(body: dict[str, Any]) -> ChatRequest:
     n = body.get("n", 1)
     if n is not None and (isinstance(n, bool) or n != 1):
         raise RequestError(400, "`n` must be 1: one routed answer per request", param="n")
-    # max_completion_tokens (OpenAI's newer name) wins when given; a null one does not hide max_tokens
-    asked = body.get("max_completion_tokens")
-    max_tokens = integer(body.get("max_tokens") if asked is None else asked)
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        raise RequestError(400, f"`max_tokens` must be a positive integer, got {short(max_tokens)}", param="max_tokens")
+    # Each limit given must be valid; max_completion_tokens (OpenAI's newer name) wins when both are
+    limits = {}
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = integer(body.get(name))
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise RequestError(400, f"`{name}` must be a positive integer, got {short(value)}", param=name)
+        limits[name] = value
+    max_tokens = limits["max_tokens"] if limits["max_completion_tokens"] is None else limits["max_completion_tokens"]
     for name in ("stream", "explain"):
         if body.get(name) is not None and not isinstance(body.get(name), bool):
             raise invalid(name, "a boolean", body.get(name))

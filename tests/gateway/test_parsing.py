@@ -170,3 +170,6 @@ def test_a_null_max_completion_tokens_does_not_hide_max_tokens():
         check_chat_request(body)
     assert check_chat_request({**body, "max_tokens": 7}).max_tokens == 7
     assert check_chat_request({**body, "max_tokens": 7, "max_completion_tokens": 5.0}).max_tokens == 5
+    # found by the longer run: a valid max_completion_tokens beside max_tokens 0 was a 200
+    with pytest.raises(RequestError):
+        check_chat_request({**body, "max_tokens": 0, "max_completion_tokens": 5})
