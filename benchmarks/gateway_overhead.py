@@ -17,6 +17,16 @@ the arms (direct, each stack) alternate over `--rounds` rounds, so a shared mach
 falls on every arm alike; percentiles pool the rounds, and each round's added p99 is kept too.
 
     python benchmarks/gateway_overhead.py [--rate 50] [--requests 1000] [--rounds 3] [--out benchmarks/results/gateway_overhead.json]
+
+Rate sweep (`--sweep 50,100,200,300`): the default stack only, one direct and one gateway arm per
+rate, rates in increasing order, the gateway started once with its admission control (`--gateway-arg`
+passes flags to `gateway serve`, e.g. `--gateway-arg=--max-loop-lag-ms=5`; `--workers N`). Per rate:
+the added p50/p99 of the admitted requests (answered 200) over the direct arm, the share shed (503
+with Retry-After), other statuses and dropped connections. The capacity is the highest rate whose
+added p99 is within TARGET_P99_ADDED_MS with nothing dropped; the shed share above it says how the
+excess was refused.
+
+    python benchmarks/gateway_overhead.py --sweep 50,100,150,200,300 --requests 600 --out benchmarks/results/gateway_sweep.json
 """
 
 from __future__ import annotations
@@ -97,11 +107,11 @@ STACKS = {"uvloop+httptools": ("auto", "auto"), "asyncio+h11": ("asyncio", "h11"
 
 
 def start_gateway(tmp: Path, uri: str, name: str, pool: Path, db_url: str, loop: str = "auto",
-                  http: str = "auto") -> tuple[subprocess.Popen, str]:
+                  http: str = "auto", extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "stages.cli", "gateway", "serve", "--router", name, "--port", str(port),
            "--tracking-uri", uri, "--pool-file", str(pool), "--db-url", db_url, "--log-texts",
-           "--loop", loop, "--http", http]
+           "--loop", loop, "--http", http, *(extra or [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log_file = tmp / f"gateway-{port}.log"
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log_file, "wb"), stderr=subprocess.STDOUT)
@@ -119,21 +129,36 @@ def start_gateway(tmp: Path, uri: str, name: str, pool: Path, db_url: str, loop:
     raise RuntimeError("gateway did not start")
 
 
-async def run_arm(url: str, headers: dict, model: str, texts: list[str], rate: float, n: int) -> np.ndarray:
-    """Open loop: request i is sent at i/rate s; its latency is measured from its own send time."""
+async def run_arm(url: str, headers: dict, model: str, texts: list[str], rate: float, n: int,
+                  statuses: list | None = None) -> np.ndarray:
+    """Open loop: request i is sent at i/rate s; its latency is measured from its own send time.
+    Without `statuses` every answer must be a 200; with it, each request's status is appended to it
+    (0: the connection failed) and the latencies of the 200s alone are returned."""
     latencies = np.zeros(n)
+    codes = np.zeros(n, dtype=int)
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=512)) as client:
         async def one(i: int, start: float):
             await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
             sent = time.perf_counter()
             body = {"model": model, "messages": [{"role": "user", "content": texts[i % len(texts)]}], "max_tokens": 8}
-            response = await client.post(f"{url}/chat/completions", json=body, headers=headers)
-            response.raise_for_status()
+            try:
+                response = await client.post(f"{url}/chat/completions", json=body, headers=headers)
+            except httpx.HTTPError:
+                if statuses is None:
+                    raise
+                codes[i] = 0
+            else:
+                if statuses is None:
+                    response.raise_for_status()
+                codes[i] = response.status_code
             latencies[i] = time.perf_counter() - sent
 
         start = time.perf_counter()
         await asyncio.gather(*(one(i, start) for i in range(n)))
-    return latencies * 1000
+    if statuses is None:
+        return latencies * 1000
+    statuses.extend(codes.tolist())
+    return latencies[codes == 200] * 1000
 
 
 def summary(ms: np.ndarray) -> dict[str, float]:
@@ -145,6 +170,63 @@ def added(gateway: dict[str, float], direct: dict[str, float]) -> dict[str, floa
     return {"p50_ms": gateway["p50_ms"] - direct["p50_ms"], "p99_ms": gateway["p99_ms"] - direct["p99_ms"]}
 
 
+def sweep(args, texts: list[str]) -> dict:
+    """The rate sweep (module docstring): capacity and shed share, on the default stack."""
+    rates = sorted(float(r) for r in args.sweep.split(","))
+    extra = [*args.gateway_arg, *(["--workers", str(args.workers)] if args.workers > 1 else [])]
+    per_rate, load = [], [os.getloadavg()[0]]
+    with tempfile.TemporaryDirectory(prefix="gateway-sweep-") as tmp_dir, DelayedEndpoint(delay_s=args.delay_s) as endpoint:
+        tmp = Path(tmp_dir)
+        uri, name = register_knn(tmp)
+        from gateway.store import Store
+
+        db_url = f"sqlite:///{tmp / 'gateway.db'}"
+        key, _ = Store(db_url).create_key(1e6, "day")
+        proc, url = start_gateway(tmp, uri, name, pool_file(tmp, endpoint), db_url, extra=extra)
+        headers = {"Authorization": f"Bearer {key}"}
+        try:
+            gc.collect()
+            gc.freeze()
+            for _ in range(max(args.workers, 1)):  # warm-up: each process caches the embeddings
+                asyncio.run(run_arm(url, headers, "auto", texts, 10, len(texts), statuses=[]))
+            for rate in rates:
+                direct = summary(asyncio.run(run_arm(endpoint, {}, "smollm2-135m-instruct", texts, rate,
+                                                     args.requests)))
+                statuses: list[int] = []
+                admitted = asyncio.run(run_arm(url, headers, "auto", texts, rate, args.requests, statuses))
+                load.append(os.getloadavg()[0])
+                codes = np.array(statuses)
+                row = {"rate_per_s": rate, "requests": len(codes), "admitted": int((codes == 200).sum()),
+                       "shed_503": int((codes == 503).sum()), "dropped_connections": int((codes == 0).sum()),
+                       "other_statuses": sorted({int(c) for c in codes if c not in (0, 200, 503)}),
+                       "shed_share": float((codes == 503).mean()), "direct": direct}
+                if len(admitted):
+                    row["gateway_admitted"] = summary(admitted)
+                    row["added"] = added(row["gateway_admitted"], direct)
+                row["within_target"] = bool(len(admitted) and row["added"]["p99_ms"] <= TARGET_P99_ADDED_MS
+                                            and row["dropped_connections"] == 0 and not row["other_statuses"])
+                per_rate.append(row)
+                print(json.dumps({k: row[k] for k in ("rate_per_s", "admitted", "shed_share", "dropped_connections")}
+                                 | {"added": row.get("added")}), flush=True)
+            metrics = httpx.get(url[:-3] + "/metrics", timeout=10).text
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    ok = [r["rate_per_s"] for r in per_rate if r["within_target"]]
+    capacity = max(ok) if ok else None
+    above = [r for r in per_rate if capacity is not None and r["rate_per_s"] > capacity]
+    return {"benchmark": "gateway_overhead_sweep", "stack": "uvloop+httptools", "workers": args.workers,
+            "gateway_args": extra, "requests_per_rate": args.requests, "endpoint_delay_s": args.delay_s,
+            "router": "kNN on MiniLM embeddings (cached after a warm-up pass)",
+            "target_p99_added_ms": TARGET_P99_ADDED_MS, "capacity_per_s": capacity,
+            "shed_share_above_capacity": {str(r["rate_per_s"]): r["shed_share"] for r in above},
+            "dropped_connections_total": sum(r["dropped_connections"] for r in per_rate),
+            "rates": per_rate, "gateway_metrics_at_end": metrics,
+            "command": "python benchmarks/gateway_overhead.py " + " ".join(sys.argv[1:]),
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                        "load_avg_1m_per_rate": load}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=50.0, help="requests per second, each arm")
@@ -152,9 +234,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of (direct, each stack): a shared machine's load drifts, so arms alternate")
     parser.add_argument("--delay-s", type=float, default=0.02, help="the endpoint's answer delay")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gateway_overhead.json"))
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/gateway_overhead.json "
+                                                     "(gateway_sweep.json with --sweep)")
+    parser.add_argument("--sweep", default="", help="comma-separated rates: the rate sweep (module docstring)")
+    parser.add_argument("--gateway-arg", action="append", default=[], help="a flag for `gateway serve` (sweep)")
+    parser.add_argument("--workers", type=int, default=1, help="gateway processes (sweep)")
     args = parser.parse_args()
     texts = queries(50, seed=2)
+    if args.sweep:
+        result = sweep(args, texts)
+        out = Path(args.out or ROOT / "benchmarks" / "results" / "gateway_sweep.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps({k: result[k] for k in ("capacity_per_s", "shed_share_above_capacity",
+                                                 "dropped_connections_total")}, indent=2))
+        return
+    args.out = args.out or str(ROOT / "benchmarks" / "results" / "gateway_overhead.json")
     arms = ["direct", *STACKS]
     latencies: dict[str, list[np.ndarray]] = {arm: [] for arm in arms}
     load = [os.getloadavg()[0]]

@@ -35,12 +35,17 @@ from typing import Any
 import httpx
 import openai
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway import openapi
+from gateway.admission import Admission, AdmissionMiddleware
 from gateway.champion import Champion, Champions
 from gateway.errors import RequestError
-from gateway.families import ORCHESTRATOR, ChatMappingError, turns_left_of
+from gateway.families import ORCHESTRATOR, ChatMappingError
 from gateway.orchestrated import OrchestraRunner, answer_orchestrated
+from gateway.parsing import SAMPLING_FIELDS, TOOL_FIELDS, ChatRequest, check_chat_request, read_feedback, read_json_object
 from gateway.routing import Decision, decide, prompt_token_bound
 from gateway.store import BudgetRefused, KeyInfo, Reservation, Store
 from routerops.errors import InputError, RouteropsError
@@ -51,8 +56,7 @@ from routerops.workers.llm import api_key_for, chat_request
 log = logging.getLogger(__name__)
 AUTO = "auto"
 ROUTER_PREFIX = "router:"
-# Client sampling settings passed on to the worker (they override the worker's own generation settings).
-PASSED_PARAMS = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "response_format")
+PASSED_PARAMS = SAMPLING_FIELDS  # client sampling settings passed on to the worker (gateway/parsing.py)
 FALLBACK_STATUS = frozenset({408, 409, 425, 429}) | frozenset(range(500, 600))
 # The plain (not streamed) calls' HTTP client: one per gateway, its connections kept open between requests.
 HTTP_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=60)
@@ -77,13 +81,27 @@ class GatewayConfig:
     # and retraining of routers that read only the embedding need (evaluation/ope.py; README privacy).
     log_embeddings: bool = True
     hold_lease_s: float = 3600.0  # a budget hold not settled by then is a dead process's: released (store.py)
+    max_body_bytes: int = 8 * 2**20  # a larger request body is refused (413) before it is parsed
+    # Admission control (gateway/admission.py), per process: requests served at once, requests waiting
+    # for a slot and for how long, and the event-loop lag above which new requests are refused (503).
+    max_in_flight: int = 256
+    max_queue: int = 256
+    max_queue_wait_s: float = 0.05
+    max_loop_lag_ms: float = 0.0  # 0: the loop's lag is not watched
+    # A standing queue: every recent request's overhead this far above the unloaded one (0: not watched;
+    # `gateway serve` watches it by default, gateway/cli.py).
+    max_overhead_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.routers:
             raise InputError("gateway config", "routers", "name at least one registered router")
         for name, value, low in (("watch_interval_s", self.watch_interval_s, 0.01), ("cost_weight", self.cost_weight, 0),
                                  ("default_max_tokens", self.default_max_tokens, 1),
-                                 ("max_tokens_cap", self.max_tokens_cap, 1)):
+                                 ("max_tokens_cap", self.max_tokens_cap, 1), ("max_body_bytes", self.max_body_bytes, 1),
+                                 ("max_in_flight", self.max_in_flight, 1), ("max_queue", self.max_queue, 0),
+                                 ("max_queue_wait_s", self.max_queue_wait_s, 0),
+                                 ("max_loop_lag_ms", self.max_loop_lag_ms, 0),
+                                 ("max_overhead_ms", self.max_overhead_ms, 0)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= low):
                 raise InputError("gateway config", name, f"expected a number ≥ {low}, got {value!r}")
         if not 0 <= self.epsilon <= 1:
@@ -93,8 +111,10 @@ class GatewayConfig:
 def error_response(exc: RequestError) -> JSONResponse:
     # x-should-retry: false stops the openai SDK from retrying a 429 that waiting will not cure.
     headers = {"x-should-retry": "false"} if exc.status in (401, 429) else {}
-    return JSONResponse({"error": {"message": exc.message, "type": exc.kind, "param": None, "code": exc.code}},
-                        status_code=exc.status, headers=headers)
+    if exc.retry_after_s is not None:  # overload (gateway/admission.py): the SDK waits this long, then retries
+        headers.update({"retry-after": str(max(1, math.ceil(exc.retry_after_s))),
+                        "retry-after-ms": str(int(exc.retry_after_s * 1000))})
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 @dataclass
@@ -105,8 +125,12 @@ class Call:
     champion: Champion
     decision: Decision
     held: Reservation
-    body: dict[str, Any]
+    request: ChatRequest
     started: float = field(default_factory=time.monotonic)
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return self.request.body
 
 
 class WorkerStatusError(Exception):
@@ -136,6 +160,11 @@ class Gateway:
         self.store = store or Store(cfg.db_url, hold_lease_s=cfg.hold_lease_s)
         self.champions = champions or Champions(list(cfg.routers), self.pool, self.book)
         self.systems = {w.name: str(w.generation.get("system", "")) for w in self.pool.workers}
+        self.accepts = {w.name: dict(w.accepts) for w in self.pool.workers}
+        self.admission = Admission(cfg.max_in_flight, cfg.max_queue, cfg.max_queue_wait_s, cfg.max_loop_lag_ms,
+                                   max_overhead_ms=cfg.max_overhead_ms)
+        self.counts: dict[str, int] = {}  # responses by status, overruns (GET /metrics)
+        self.overrun_usd = 0.0
         self._clients: dict[str, openai.AsyncOpenAI] = {}
         self._http: httpx.AsyncClient | None = None
         self._workers: dict[str, Any] | None = None  # the executor's Worker objects (orchestrator champions)
@@ -165,31 +194,43 @@ class Gateway:
             raise RequestError(503, f"{name} has no servable champion yet (see GET /v1/models)", "server_error")
         return champion
 
-    def max_tokens(self, body: dict[str, Any], champion: Champion) -> int:
+    def max_tokens(self, req: ChatRequest, champion: Champion) -> int:
         """The request's limit (or the largest of its workers' own, or the default), within the cap."""
-        asked = body.get("max_completion_tokens", body.get("max_tokens"))
+        asked = req.max_tokens
         if asked is None:
             limits = [self.pool.worker(w).generation.get("max_tokens") for w in champion.router.workers]
             asked = max([int(x) for x in limits if x] or [self.cfg.default_max_tokens])
-        if isinstance(asked, bool) or not isinstance(asked, int) or asked < 1:
-            raise RequestError(400, f"`max_tokens` must be a positive integer, got {asked!r}")
         if asked > self.cfg.max_tokens_cap:
-            raise RequestError(400, f"`max_tokens` {asked} is above this gateway's cap of {self.cfg.max_tokens_cap}")
+            raise RequestError(400, f"`max_tokens` {asked} is above this gateway's cap of {self.cfg.max_tokens_cap}",
+                               param="max_tokens")
         return asked
+
+    def prompt_bounds(self, req: ChatRequest, workers: list[str]) -> dict[str, float]:
+        """Each worker's bound on the prompt tokens it can bill for this request (gateway/routing.py);
+        inf for a worker whose pool entry does not accept its media parts or tools. A request no
+        worker accepts is refused (400) before any budget is touched."""
+        bounds = {w: prompt_token_bound(req.messages, self.systems.get(w, ""), self.accepts.get(w, {}), req.body)
+                  for w in workers}
+        if not any(math.isfinite(b) for b in bounds.values()):
+            sent = [f"{n} {kind} part(s)" for kind, n in sorted(req.media.items())] + (["tools"] if req.tools else [])
+            accepted = {w: sorted(self.accepts.get(w, {})) for w in workers}
+            raise RequestError(400, f"this request sends {', '.join(sent)}, which no worker of this router accepts "
+                                    f"(pool entries' `accepts`: {accepted}); send text only",
+                               code="unsupported_content", param="messages" if req.media else "tools")
+        return bounds
 
     # ---------------------------------------------------------------- deciding and paying
 
-    async def open_call(self, key: KeyInfo, body: dict[str, Any], champion: Champion | None = None) -> Call:
+    async def open_call(self, key: KeyInfo, req: ChatRequest | dict[str, Any], champion: Champion | None = None) -> Call:
         """Decide which worker answers (single-turn and MTRouter champions) and reserve its worst case."""
-        champion = champion or self.resolve(body.get("model"))
-        messages = check_messages(body.get("messages"))
-        max_tokens = self.max_tokens(body, champion)
-        request_budget = optional_number(body, "budget_usd", math.inf)
-        cost_weight = optional_number(body, "cost_weight", self.cfg.cost_weight)
-        try:
-            turns_left = turns_left_of(body)
-        except ChatMappingError as exc:
-            raise RequestError(400, exc.message) from None
+        req = req if isinstance(req, ChatRequest) else check_chat_request(req)
+        champion = champion or self.resolve(req.model)
+        messages = req.messages
+        max_tokens = self.max_tokens(req, champion)
+        request_budget = req.budget_usd
+        cost_weight = self.cfg.cost_weight if req.cost_weight is None else req.cost_weight
+        turns_left = req.turns_left
+        bounds = self.prompt_bounds(req, list(champion.router.workers))
         remaining = await self.store.aremaining_usd(key)
         budget = min(remaining, request_budget)
         scorer = champion.scorer
@@ -200,12 +241,12 @@ class Gateway:
                 estimate = await asyncio.to_thread(scorer.estimate, messages, budget, turns_left)
         except ChatMappingError as exc:
             raise RequestError(400, exc.message) from None
-        decision = decide(estimate, champion.name, champion.version, self.book, messages, self.systems, max_tokens,
+        decision = decide(estimate, champion.name, champion.version, self.book, bounds, max_tokens,
                           budget, remaining, cost_weight, self.cfg.epsilon, self._rng, uuid.uuid4().hex,
                           scorer.family)
         if decision is None:
             # A router that stops (MTRouter's STOP) is answered as when no worker is affordable.
-            message = over_budget_message(key, remaining, request_budget, self, champion, messages, max_tokens)
+            message = over_budget_message(key, remaining, request_budget, self, champion, bounds, max_tokens)
             raise RequestError(429, f"{estimate.stop}; {message}" if estimate.stop else message,
                                "insufficient_quota", "budget_exceeded")
         try:
@@ -214,7 +255,7 @@ class Gateway:
             raise RequestError(429, f"key {key.key_id}: concurrent requests used the remaining budget "
                                     f"(${await self.store.aremaining_usd(key):.6g} left of ${key.budget_usd:.6g} per "
                                     f"{key.period})", "insufficient_quota", "budget_exceeded") from None
-        return Call(key, champion, decision, held, body)
+        return Call(key, champion, decision, held, req)
 
     def orchestra_runner(self, champion: Champion) -> OrchestraRunner:
         """The executor's runner for an orchestrator champion, made once per champion version (only the
@@ -270,8 +311,11 @@ class Gateway:
         return answer
 
     def worker_request(self, call: Call, worker: str) -> dict[str, Any]:
+        """What `worker` is sent: nothing its reservation does not bound (gateway/routing.py)."""
         request = chat_request(self.pool.worker(worker), call.body["messages"], call.decision.max_tokens)
-        request.update({k: call.body[k] for k in PASSED_PARAMS if k in call.body})
+        request.update({k: call.body[k] for k in PASSED_PARAMS if call.body.get(k) is not None})
+        if call.request.tools:  # only a worker that accepts tools is ever affordable for such a request
+            request.update({k: call.body[k] for k in TOOL_FIELDS if call.body.get(k) is not None})
         return request
 
     async def switch_to(self, call: Call, worker: str) -> bool:
@@ -289,12 +333,21 @@ class Gateway:
     def close_call(self, call: Call, worker: str, status: str, usage: dict[str, int], response: str,
                    usage_source: str = "worker") -> float:
         """Settle the reservation with the real cost and log the decision; returns the cost charged.
-        The settlement is queued, not awaited (gateway/store.py: the store's thread writes it in order,
-        and the app's shutdown waits for it)."""
+        The cost is what the worker's reported usage costs, even above the reservation (the worker has
+        billed it): the overrun is charged, logged, counted and recorded (gateway/store.py), and the
+        key's next reservation sees it. The settlement is queued, not awaited (gateway/store.py: the
+        store's thread writes it in order, and the app's shutdown waits for it)."""
         cost = (self.book.cost(worker, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
                                usage.get("cached_tokens", 0)) if worker else 0.0)
-        cost = min(cost, call.held.nusd / 1e9)  # never above what was reserved (store.settle caps it too)
         d = call.decision
+        reserved = call.held.nusd / 1e9
+        if cost > reserved + 1e-12:
+            d.attempts.append({"worker": worker, "overrun_usd": cost - reserved, "reserved_usd": reserved,
+                               "usage": dict(usage)})
+            self.count("overruns")
+            self.overrun_usd += cost - reserved
+            log.warning("worker %s billed $%.9f, above the $%.9f reserved for decision %s (key %s): charged",
+                        worker, cost, reserved, d.decision_id, call.key.key_id)
         query = d.query_text if self.cfg.log_texts else ""  # what the router read (families.py)
         self.store.settle_later(call.held, cost, {
             "decision_id": d.decision_id, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -327,34 +380,43 @@ class Gateway:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+        self.admission.close()
         await asyncio.to_thread(self.store.close)
+
+    def count(self, name: str) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    def metrics(self) -> str:
+        """Prometheus text format: admission (gateway/admission.py), responses by status, overruns."""
+        a = self.admission.stats
+        lines = ["# TYPE routerops_gateway_admitted_total counter", f"routerops_gateway_admitted_total {a.admitted}",
+                 "# TYPE routerops_gateway_queued_total counter", f"routerops_gateway_queued_total {a.queued}",
+                 "# TYPE routerops_gateway_shed_total counter"]
+        lines += [f'routerops_gateway_shed_total{{reason="{r}"}} {getattr(a, "shed_" + r)}'
+                  for r in ("queue_full", "queue_wait", "loop_lag", "overhead")]
+        lines += ["# TYPE routerops_gateway_in_flight gauge", f"routerops_gateway_in_flight {a.in_flight}",
+                  "# TYPE routerops_gateway_waiting gauge", f"routerops_gateway_waiting {a.waiting}",
+                  "# TYPE routerops_gateway_loop_lag_ms gauge", f"routerops_gateway_loop_lag_ms {a.loop_lag_ms:.3f}",
+                  "# TYPE routerops_gateway_overhead_ms gauge", f"routerops_gateway_overhead_ms {a.overhead_ms:.3f}",
+                  "# TYPE routerops_gateway_baseline_overhead_ms gauge",
+                  f"routerops_gateway_baseline_overhead_ms {a.baseline_overhead_ms:.3f}",
+                  "# TYPE routerops_gateway_responses_total counter"]
+        lines += [f'routerops_gateway_responses_total{{status="{k[7:]}"}} {v}'
+                  for k, v in sorted(self.counts.items()) if k.startswith("status_")]
+        lines += ["# TYPE routerops_gateway_overruns_total counter",
+                  f"routerops_gateway_overruns_total {self.counts.get('overruns', 0)}",
+                  "# TYPE routerops_gateway_overrun_usd_total counter",
+                  f"routerops_gateway_overrun_usd_total {self.overrun_usd:.9f}"]
+        return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- request checks
 
 
-def check_messages(messages: Any) -> list[dict[str, Any]]:
-    if not isinstance(messages, list) or not messages:
-        raise RequestError(400, "`messages` must be a non-empty list of {role, content} objects")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise RequestError(400, f"`messages[{i}]` must be an object with a `role`")
-    return messages
-
-
-def optional_number(body: dict[str, Any], name: str, default: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise RequestError(400, f"`{name}` must be a number ≥ 0, got {value!r}")
-    return float(value)
-
-
 def over_budget_message(key: KeyInfo, remaining: float, request_budget: float, gw: Gateway, champion: Champion,
-                        messages: list, max_tokens: int) -> str:
-    cheapest = min(gw.book.cost(w, prompt_token_bound(messages, gw.systems.get(w, "")), max_tokens)
-                   for w in champion.router.workers)
+                        bounds: dict[str, float], max_tokens: int) -> str:
+    cheapest = min(gw.book.cost(w, bounds[w], max_tokens) for w in champion.router.workers
+                   if math.isfinite(bounds[w]))
     limit = (f"this request's budget_usd ${request_budget:.6g}" if request_budget < remaining else
              f"key {key.key_id} has ${remaining:.6g} left of its ${key.budget_usd:.6g} per-{key.period} budget")
     return (f"over budget: {limit}, and the cheapest worker may cost up to ${cheapest:.6g} for this request "
@@ -476,8 +538,9 @@ def answer_text(answer: dict[str, Any]) -> str:
 def bounded_usage(gw: Gateway, call: Call, worker: str, completion_tokens: int) -> dict[str, int]:
     """Token counts for a worker that reported none: the prompt's bound and the tokens counted (or
     max_tokens), so the charge never falls below the real cost nor rises above the reservation."""
-    return {"prompt_tokens": prompt_token_bound(call.body["messages"], gw.systems.get(worker, "")),
-            "completion_tokens": completion_tokens}
+    bound = prompt_token_bound(call.request.messages, gw.systems.get(worker, ""), gw.accepts.get(worker, {}),
+                               call.body)
+    return {"prompt_tokens": int(bound), "completion_tokens": completion_tokens}
 
 
 async def stream(gw: Gateway, call: Call) -> StreamingResponse:
@@ -530,32 +593,71 @@ def create_app(gw: Gateway) -> FastAPI:
         yield
         await gw.aclose()  # on shutdown: nothing queued for the database is lost
 
-    app = FastAPI(title="routerops gateway", description="OpenAI-compatible routing gateway", lifespan=lifespan)
+    app = FastAPI(title="routerops gateway", description="OpenAI-compatible routing gateway", lifespan=lifespan,
+                  version="1", docs_url=None, redoc_url=None)
     app.state.gateway = gw
+    app.add_middleware(AdmissionMiddleware, admission=gw.admission,
+                       on_refused=lambda exc: gw.count(f"status_{exc.status}"))
 
+    # Every error is an OpenAI-format body {"error": {message, type, param, code}}: ours, the
+    # framework's (unknown path, wrong method), and anything unforeseen (a 500 without a traceback).
     @app.exception_handler(RequestError)
     async def on_request_error(request: Request, exc: RequestError) -> JSONResponse:
+        gw.count(f"status_{exc.status}")
         return error_response(exc)
 
-    @app.post("/v1/chat/completions")
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return await on_request_error(request, RequestError(exc.status_code, str(exc.detail), kind))
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return await on_request_error(request, RequestError(400, f"invalid request: {exc.errors()[:3]}"))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return await on_request_error(request, RequestError(500, "internal error (logged by the gateway)",
+                                                            "server_error"))
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        return read_json_object(await body_bytes(request))
+
+    async def body_bytes(request: Request) -> bytes:
+        """The body, read up to max_body_bytes (413 past it: the limit holds whatever Content-Length says)."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > gw.cfg.max_body_bytes:
+            raise RequestError(413, f"the body is over this gateway's limit of {gw.cfg.max_body_bytes} bytes",
+                               code="body_too_large")
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > gw.cfg.max_body_bytes:
+                raise RequestError(413, f"the body is over this gateway's limit of {gw.cfg.max_body_bytes} bytes",
+                                   code="body_too_large")
+        return bytes(raw)
+
+    @app.post("/v1/chat/completions", **openapi.CHAT)
     async def chat_completions(request: Request):
         key = await gw.authenticate(request)
-        try:
-            body = await request.json()
-        except json.JSONDecodeError:
-            raise RequestError(400, "the body is not JSON") from None
-        if not isinstance(body, dict):
-            raise RequestError(400, "the body must be a JSON object")
-        if body.get("n", 1) != 1:
-            raise RequestError(400, "`n` must be 1: one routed answer per request")
-        champion = gw.resolve(body.get("model"))
+        req = check_chat_request(await body_of(request))
+        champion = gw.resolve(req.model)
         if champion.family == ORCHESTRATOR:
-            return await answer_orchestrated(gw, key, body, champion, check_messages(body.get("messages")),
-                                             optional_number(body, "budget_usd", math.inf))
-        call = await gw.open_call(key, body, champion)
-        return await (stream(gw, call) if body.get("stream") else complete(gw, call))
+            if req.media or req.tools:
+                raise RequestError(400, "an orchestrator champion plans from the chat's text: it takes no media parts "
+                                        "and no tools", code="unsupported_content")
+            response = await answer_orchestrated(gw, key, req.body, champion, req.messages, req.budget_usd)
+        else:
+            call = await gw.open_call(key, req, champion)
+            admitted_at = request.scope.get("state", {}).get("admitted_at")
+            if admitted_at is not None:  # the gateway's part before the worker call (gateway/admission.py)
+                gw.admission.observe(time.monotonic() - admitted_at)
+            response = await (stream(gw, call) if req.stream else complete(gw, call))
+        gw.count(f"status_{response.status_code}")
+        return response
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **openapi.MODELS)
     async def models(request: Request):
         await gw.authenticate(request)
         data = []
@@ -570,19 +672,24 @@ def create_app(gw: Gateway) -> FastAPI:
                                        "refused": gw.champions.refusals.get(name, [])}})
         return {"object": "list", "data": data}
 
-    @app.get("/v1/decisions/{decision_id}")
+    @app.get("/v1/decisions/{decision_id}", **openapi.DECISION)
     async def get_decision(decision_id: str, request: Request):
         return await own_decision(gw, await gw.authenticate(request), decision_id)
 
-    @app.post("/v1/decisions/{decision_id}/feedback")
+    @app.post("/v1/decisions/{decision_id}/feedback", **openapi.FEEDBACK)
     async def feedback(decision_id: str, request: Request):
-        await own_decision(gw, await gw.authenticate(request), decision_id)
-        score = (await request.json()).get("score")
-        if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score <= 1:
-            raise RequestError(400, f"`score` must be a number in [0, 1], got {score!r}")
-        await asyncio.to_thread(gw.store.record_score, decision_id, float(score))
-        return {"decision_id": decision_id, "score": float(score)}
+        key = await gw.authenticate(request)
+        score = read_feedback(await body_bytes(request))  # first: a fuzzer's bodies reach the parser
+        await own_decision(gw, key, decision_id)
+        await asyncio.to_thread(gw.store.record_score, decision_id, score)
+        return {"decision_id": decision_id, "score": score}
 
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics():
+        return PlainTextResponse(gw.metrics(), media_type="text/plain; version=0.0.4")
+
+    accepted = {kind for w in gw.pool.workers if w.kind == "llm" for kind in w.accepts}
+    openapi.install(app, gw.cfg.max_tokens_cap, [AUTO] + [ROUTER_PREFIX + n for n in gw.cfg.routers], accepted)
     return app
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import logging
@@ -16,9 +17,14 @@ import signal
 from gateway.app import Gateway, GatewayConfig, create_app
 from gateway.store import PERIODS, Store
 from routerops.config import TrackConfig
+from routerops.errors import InputError
 
 DEFAULT_DB = GatewayConfig.__dataclass_fields__["db_url"].default
 QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")  # the worker calls' HTTP clients
+# The server's admission control watches its standing queue (gateway/admission.py; benchmarks/
+# gateway_overhead.py --sweep); a Gateway made in code (tests, notebooks) does not unless told.
+SERVE_DEFAULTS = {"max_overhead_ms": 5.0}
+SERVE_ENV = "ROUTEROPS_GATEWAY_SERVE"  # --workers N: the configuration each process reads (app_from_env)
 
 
 def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,15 +46,19 @@ def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
     # remained (py-spy; benchmarks/gateway_overhead.py times both stacks in one run).
     serve.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto", help="event loop (uvicorn)")
     serve.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto", help="HTTP parser (uvicorn)")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="gateway processes on one port, sharing the store (--db-url: SQLite in WAL mode, or "
+                            "Postgres): budgets stay exact, each reservation is one conditional UPDATE (store.py)")
     for name, spec in GatewayConfig.__dataclass_fields__.items():
         if name == "routers":
             continue
         flag = "--" + name.replace("_", "-")
+        default = SERVE_DEFAULTS.get(name, spec.default)
         if spec.type == "bool":
-            serve.add_argument(flag, action=argparse.BooleanOptionalAction, default=spec.default)
+            serve.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
         else:
             kind = {"float": float, "int": int}.get(spec.type, str)
-            serve.add_argument(flag, type=kind, default=spec.default)
+            serve.add_argument(flag, type=kind, default=default)
     serve.set_defaults(func=serve_command)
 
     keys = commands.add_parser("keys", help="API keys and their budgets")
@@ -67,14 +77,13 @@ def create_key_command(args: argparse.Namespace) -> None:
 
 
 def serve_command(args: argparse.Namespace) -> None:
-    import mlflow
     import uvicorn
 
     from routerops.workers.server import local_llm_server
 
-    mlflow.set_tracking_uri(args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", TrackConfig().tracking_uri))
-    for name in QUIET_LOGGERS:  # one INFO line per proxied request costs the event loop, and says nothing new
-        logging.getLogger(name).setLevel(logging.WARNING)
+    if args.workers < 1:
+        raise InputError("command line", "--workers", f"expected a number of processes ≥ 1, got {args.workers}")
+    tracking_uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", TrackConfig().tracking_uri)
     fields = {k: getattr(args, k) for k in GatewayConfig.__dataclass_fields__ if k != "routers"}
     # uvicorn shuts down on SIGTERM, then raises the signal again; with SIGTERM's default action that
     # ends the process before the block below unwinds, and the llama.cpp server of --local-server (its
@@ -83,16 +92,44 @@ def serve_command(args: argparse.Namespace) -> None:
     with contextlib.ExitStack() as stack:
         if args.local_server and not fields["local_base_url"]:
             fields["local_base_url"] = stack.enter_context(local_llm_server())
-        gw = Gateway(GatewayConfig(routers=tuple(args.routers), **fields))
-        gw.champions.start(gw.cfg.watch_interval_s)
-        stack.callback(gw.champions.stop)
-        # Everything loaded so far (torch, MLflow, the champion: ~10^6 objects) lives as long as the
-        # process; frozen, the collector stops walking it: a full collection took 0.2-0.8 s here, a
-        # pause of every request in flight (benchmarks/gateway_overhead.py). A champion swapped in later
-        # is collected as usual.
-        gc.freeze()
-        uvicorn.run(create_app(gw), host=args.host, port=args.port, loop=args.loop, http=args.http,
-                    log_level="warning", access_log=False)
+        cfg = GatewayConfig(routers=tuple(args.routers), **fields)
+        server = {"host": args.host, "port": args.port, "loop": args.loop, "http": args.http, "log_level": "warning",
+                  "access_log": False}
+        if args.workers == 1:
+            gw = serving_gateway(cfg, tracking_uri)
+            stack.callback(gw.champions.stop)
+            uvicorn.run(create_app(gw), **server)
+            return
+        # Several processes: uvicorn's supervisor starts each (spawn) with the app factory below, which
+        # reads the configuration from the environment. The tables are made here, once, before they race.
+        Store(cfg.db_url).engine.dispose()
+        os.environ[SERVE_ENV] = json.dumps({"config": dataclasses.asdict(cfg), "tracking_uri": tracking_uri})
+        uvicorn.run("gateway.cli:app_from_env", factory=True, workers=args.workers, **server)
+
+
+def serving_gateway(cfg: GatewayConfig, tracking_uri: str) -> Gateway:
+    """A gateway with its champions loaded and watched, in this process."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    for name in QUIET_LOGGERS:  # one INFO line per proxied request costs the event loop, and says nothing new
+        logging.getLogger(name).setLevel(logging.WARNING)
+    gw = Gateway(cfg)
+    gw.champions.start(cfg.watch_interval_s)
+    # Everything loaded so far (torch, MLflow, the champion: ~10^6 objects) lives as long as the
+    # process; frozen, the collector stops walking it: a full collection took 0.2-0.8 s here, a
+    # pause of every request in flight (benchmarks/gateway_overhead.py). A champion swapped in later
+    # is collected as usual.
+    gc.freeze()
+    return gw
+
+
+def app_from_env():
+    """The app of one process of `gateway serve --workers N` (uvicorn calls it in each)."""
+    spec = json.loads(os.environ[SERVE_ENV])
+    config = spec["config"]
+    cfg = GatewayConfig(**{**config, "routers": tuple(config["routers"])})
+    return create_app(serving_gateway(cfg, spec["tracking_uri"]))
 
 
 def _exit_on_sigterm(signum: int, _frame) -> None:

@@ -1,11 +1,18 @@
-"""The error the gateway answers a request with, in the OpenAI format (gateway/app.py renders it)."""
+"""The error the gateway answers a request with, in the OpenAI format (gateway/app.py renders it):
+{"error": {"message", "type", "param", "code"}}, as OpenAI's API shapes every error."""
 
 from __future__ import annotations
 
 
 class RequestError(Exception):
-    """A request the gateway answers with an OpenAI-format error (status, message, type)."""
+    """A request the gateway answers with an OpenAI-format error (status, message, type, param, code);
+    `retry_after_s` becomes a Retry-After header (overload: gateway/admission.py)."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None, retry_after_s: float | None = None):
         super().__init__(message)
-        self.status, self.message, self.kind, self.code = status, message, kind, code
+        self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}

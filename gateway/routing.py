@@ -5,8 +5,14 @@ in. One rule for every family that routes a call (single-turn routers and MTRout
 Worst-case cost. The budget must hold before the call, when the answer's length is unknown, so a
 worker's cost is bounded by its price for an upper bound of the prompt's tokens and the request's
 `max_tokens` (always sent to the worker, so the bound holds). A byte-level BPE token covers at least
-one byte, so the UTF-8 byte count of the messages, plus a few template tokens per message, bounds the
-prompt's tokens.
+one byte, so the UTF-8 byte count of everything sent that a chat template renders as text, plus a few
+template tokens per message, bounds the prompt's tokens: every string of every message (text parts,
+names, tool call ids, refusals; tool calls as their JSON), and the request's tool definitions,
+tool_choice and response_format as their JSON. Media parts (image_url, input_audio, file) and the
+template's text around tool definitions are not bounded by bytes: a worker may be sent them only if
+its pool entry `accepts` them, with the most tokens one may cost (routerops/pricing.py WorkerSpec);
+for any other worker the bound is infinite, so it is never affordable (gateway/parsing.py checks the
+shapes, the gateway refuses a request no worker accepts).
 
 Rule (evaluation/serving.py's budget rule, with an optional cost weight λ): among the workers whose
 worst case fits in the budget (the key's remaining budget, or the request's `budget_usd` if lower),
@@ -18,6 +24,8 @@ The fallback order is the remaining affordable workers by the same utility.
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import random
 import threading
 from collections import OrderedDict
@@ -27,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from evaluation.servable import cap_text
+from gateway.parsing import MEDIA_PARTS
 from routerops.pricing import PriceBook
 
 if TYPE_CHECKING:
@@ -48,15 +57,70 @@ def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
     return ""
 
 
-def prompt_token_bound(messages: list[dict[str, Any]], system: str = "") -> int:
-    """An upper bound of the prompt tokens of `messages` plus a worker's system prompt."""
-    text_bytes = sum(len(content_text(m.get("content")).encode("utf-8")) for m in messages)
-    return (text_bytes + len(system.encode("utf-8")) + TEMPLATE_TOKENS_PER_MESSAGE * (len(messages) + 1)
-            + TEMPLATE_TOKENS_FIXED)
+def value_bytes(value: Any) -> int:
+    """UTF-8 bytes a template can render of one field: a string as it is, anything else as its JSON."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    return len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
+
+
+def message_bytes(message: dict[str, Any]) -> int:
+    """The UTF-8 bytes of every field of `message` but its role (a template marker, counted in
+    TEMPLATE_TOKENS_PER_MESSAGE) and its media parts (bounded per part: media_tokens)."""
+    total = 0
+    for name, value in message.items():
+        if name == "role":
+            continue
+        if name == "content" and isinstance(value, list):
+            for part in value:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind in MEDIA_PARTS:
+                    continue
+                total += value_bytes(part.get(kind)) if kind in ("text", "refusal") else value_bytes(part)
+        else:
+            total += value_bytes(value)
+    return total
+
+
+def media_tokens(messages: list[dict[str, Any]], accepts: dict[str, int]) -> float:
+    """The most tokens the media parts of `messages` may cost a worker that accepts `accepts`; inf
+    when it does not accept one of them."""
+    total = 0.0
+    for message in messages:
+        content = message.get("content")
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in MEDIA_PARTS:
+                total += accepts.get(kind, math.inf)
+    return total
+
+
+def request_bytes(body: dict[str, Any], accepts: dict[str, int]) -> float:
+    """What a request sends beside its messages, bounded: tool definitions (their JSON plus the
+    template's text around them, inf for a worker that does not accept tools), tool_choice and
+    response_format as their JSON."""
+    total = float(value_bytes(body.get("response_format")))
+    if body.get("tools"):
+        total += value_bytes(body["tools"]) + value_bytes(body.get("tool_choice")) + accepts.get("tools", math.inf)
+    return total
+
+
+def prompt_token_bound(messages: list[dict[str, Any]], system: str = "", accepts: dict[str, int] | None = None,
+                       body: dict[str, Any] | None = None) -> float:
+    """An upper bound of the prompt tokens a worker can bill for `messages` (and the rest of `body`)
+    under its system prompt `system`; inf if they hold content the worker does not accept."""
+    accepts = accepts or {}
+    text_bytes = sum(message_bytes(m) for m in messages)
+    bound = (text_bytes + len(system.encode("utf-8")) + TEMPLATE_TOKENS_PER_MESSAGE * (len(messages) + 1)
+             + TEMPLATE_TOKENS_FIXED)
+    extra = media_tokens(messages, accepts) + (request_bytes(body, accepts) if body is not None else 0.0)
+    return bound + extra if extra else bound
 
 
 class EmbeddingCache:
@@ -135,22 +199,25 @@ def _finite(record: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in record.items()}
 
 
-def decide(estimate: Estimate, name: str, version: str, book: PriceBook, messages: list[dict[str, Any]],
-           systems: dict[str, str], max_tokens: int, budget_usd: float, key_remaining_usd: float,
+def decide(estimate: Estimate, name: str, version: str, book: PriceBook, prompt_bounds: dict[str, float],
+           max_tokens: int, budget_usd: float, key_remaining_usd: float,
            cost_weight: float = 0.0, epsilon: float = 0.0, rng: random.Random | None = None,
            decision_id: str = "", family: str = "") -> Decision | None:
     """The decision for one request from a family's quality estimate (gateway/families.py), or None
     when the router stops or no worker's worst case fits in the budget. A worker the router gave no
-    score (NaN) is never chosen."""
+    score (NaN) is never chosen; `prompt_bounds` is each worker's prompt_token_bound for the request
+    (inf: it cannot be sent this request)."""
     if estimate.stop:
         return None
     workers, quality = list(estimate.workers), np.asarray(estimate.quality, dtype=float)
-    worst = np.array([book.cost(w, prompt_token_bound(messages, systems.get(w, "")), max_tokens) for w in workers])
+    # inf, not the price times inf: a free input price would make it NaN
+    worst = np.array([book.cost(w, prompt_bounds[w], max_tokens) if math.isfinite(prompt_bounds[w]) else math.inf
+                      for w in workers])
     affordable = (worst <= budget_usd) & np.isfinite(quality)
     if not affordable.any():
         return None
     rank = np.argsort(np.argsort(worst, kind="stable"), kind="stable")  # exact ties go to the cheaper
-    utility = np.where(affordable, quality - cost_weight * worst - 1e-9 * rank, -np.inf)
+    utility = np.where(affordable, quality - cost_weight * np.where(affordable, worst, 0.0) - 1e-9 * rank, -np.inf)
     order = [workers[j] for j in np.argsort(-utility, kind="stable") if affordable[j]]
     chosen, propensity = _explore(order, epsilon, rng or random.Random())
     order = [chosen] + [w for w in order if w != chosen]

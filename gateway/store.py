@@ -17,7 +17,13 @@ call's worst-case cost with one conditional UPDATE
 
 which the database applies atomically, so concurrent requests cannot together pass the budget.
 After the call it *settles*: the reservation is released and the real cost (from the worker's token
-counts, never more than the worst case) is added to `spent`.
+counts) is added to `spent`. The reservation bounds every token the worker can bill (gateway/routing.py),
+so the cost is normally within it; a worker that bills more (a chat template longer than the bound
+allows, a miscounting server) is still charged what it billed, since the money is spent: the excess
+is an *overrun*, recorded in `gateway_overruns` (and the decision's explanation). Charging it takes
+the key's spend past its budget by at most that overrun (the reservation rule held for everything
+else in flight), and the key's next reservation sees it; only requests already in flight at that
+moment can add theirs.
 
 One thread per Store runs every database operation, in the order they were asked for (FIFO): the
 gateway's event loop never waits on the database, SQLite sees one writer per process, and a read
@@ -95,6 +101,16 @@ holds_table = sa.Table(
     sa.Column("nusd", sa.BigInteger, nullable=False),
     sa.Column("expires_at", sa.Float, nullable=False, index=True),  # Unix time: the lease's end
 )
+overruns_table = sa.Table(
+    "gateway_overruns", metadata,  # settlements that charged more than their reservation (module docstring)
+    sa.Column("hold_id", sa.String(32), primary_key=True),
+    sa.Column("decision_id", sa.String(40), nullable=False),
+    sa.Column("key_id", sa.String(32), nullable=False),
+    sa.Column("period", sa.String(32), nullable=False),
+    sa.Column("reserved_nusd", sa.BigInteger, nullable=False),
+    sa.Column("charged_nusd", sa.BigInteger, nullable=False),
+    sa.Column("created_at", sa.String(32), nullable=False),
+)
 decisions_table = sa.Table(
     "gateway_decisions", metadata,
     sa.Column("decision_id", sa.String(40), primary_key=True),
@@ -153,6 +169,7 @@ def _statements() -> dict[str, Any]:
             nusd=sa.bindparam("b_nusd", type_=sa.BigInteger), expires_at=sa.bindparam("b_expires")),
         "close_hold": holds_table.delete().where(holds_table.c.hold_id == sa.bindparam("b_hold")),
         "log": decisions_table.insert(),
+        "overrun": overruns_table.insert(),
     }
 
 
@@ -215,7 +232,14 @@ class Store:
         self.engine = sa.create_engine(url, **args)
         if url.startswith("sqlite"):
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
-        metadata.create_all(self.engine)
+        for attempt in range(5):  # several processes (`gateway serve --workers N`) may create the tables at once
+            try:
+                metadata.create_all(self.engine)
+                break
+            except sa.exc.DBAPIError:
+                if attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
         add_columns(self.engine, decisions_table, LATER_DECISION_COLUMNS)
         self.key_cache_s = key_cache_s
         if not hold_lease_s > 0:
@@ -386,22 +410,29 @@ class Store:
         return Reservation(held.key_id, held.period, to_nano(worst_usd), held.hold_id)
 
     def settle(self, held: Reservation, cost_usd: float, decision: dict[str, Any] | None = None) -> None:
-        """Release the reservation and charge the real cost, capped at what was reserved: the cap
-        is what makes the reservation a guarantee (a worker over-reporting tokens cannot overspend).
-        `decision` is logged in the same transaction (one commit per request end)."""
+        """Release the reservation and charge the real cost, even above what was reserved (an
+        overrun, recorded in gateway_overruns: module docstring). `decision` is logged in the same
+        transaction (one commit per request end)."""
         self.settle_later(held, cost_usd, decision).result()
 
     def settle_later(self, held: Reservation, cost_usd: float, decision: dict[str, Any] | None = None) -> Future:
         """settle(), queued: returns at once; the store's thread writes it before any operation
         asked for later (so a later reservation or read sees it), and close() waits for it."""
-        args = {"b_key": held.key_id, "b_period": held.period, "b_amount": held.nusd,
-                "b_charge": min(to_nano(cost_usd), held.nusd)}
+        charge = to_nano(cost_usd)
+        args = {"b_key": held.key_id, "b_period": held.period, "b_amount": held.nusd, "b_charge": charge}
         row = _decision_row(decision) if decision is not None else None
+        overrun = None
+        if charge > held.nusd:
+            overrun = {"hold_id": held.hold_id or secrets.token_hex(16), "key_id": held.key_id, "period": held.period,
+                       "decision_id": (decision or {}).get("decision_id", ""), "reserved_nusd": held.nusd,
+                       "charged_nusd": charge, "created_at": dt.datetime.now(dt.timezone.utc).isoformat()}
 
         def settle(conn: sa.Connection) -> None:
             # Whoever deletes the hold releases its amount (module docstring: a swept hold is not released twice).
             closed = not held.hold_id or conn.execute(STATEMENTS["close_hold"], {"b_hold": held.hold_id}).rowcount == 1
             conn.execute(STATEMENTS["settle" if closed else "charge"], args)
+            if overrun is not None:
+                conn.execute(STATEMENTS["overrun"], overrun)
             if row is not None:
                 conn.execute(STATEMENTS["log"], row)
         future = self.submit(settle)
@@ -446,6 +477,15 @@ class Store:
         record = dict(row._mapping)
         record["explanation"] = json.loads(record["explanation"])
         return record
+
+    def overruns(self, key_id: str | None = None) -> list[dict[str, Any]]:
+        """The recorded overruns (a key's, or all), oldest first, amounts in USD."""
+        query = sa.select(overruns_table).order_by(overruns_table.c.created_at)
+        if key_id is not None:
+            query = query.where(overruns_table.c.key_id == key_id)
+        rows = self.run(lambda conn: conn.execute(query).all())
+        return [{**dict(r._mapping), "reserved_usd": to_usd(r.reserved_nusd), "charged_usd": to_usd(r.charged_nusd),
+                 "overrun_usd": to_usd(r.charged_nusd - r.reserved_nusd)} for r in rows]
 
     def record_score(self, decision_id: str, score: float) -> bool:
         """Grade a logged decision (1/0 or a score in [0, 1]); False if there is no such decision."""
@@ -531,7 +571,8 @@ def _close_store(ref: weakref.ref) -> None:
 def _decision_row(record: dict[str, Any]) -> dict[str, Any]:
     row = {k: record[k] for k in DECISION_COLUMNS if k in record}
     row["explanation"] = json.dumps(record.get("explanation", {}), sort_keys=True)
-    return row
+    # Postgres refuses NUL in text, and a refused row would take the settlement's transaction with it
+    return {k: v.replace("\x00", "\ufffd") if isinstance(v, str) else v for k, v in row.items()}
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

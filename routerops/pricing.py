@@ -27,6 +27,8 @@ WORKER_KINDS = ("llm", "python", "sympy")
 PRICE_FIELDS = ("input_per_1m", "output_per_1m", "cached_input_per_1m", "per_call")
 BOOK_KEYS = ("version", "effective_date", "currency", "prices")
 POOL_KEYS = ("name", "primitives", "workers")
+# What a worker's `accepts` may name: media content parts, and tool definitions (WorkerSpec.accepts).
+ACCEPTABLE = ("image_url", "input_audio", "file", "tools")
 # Budgets, costs and every report are in USD; a book in another currency would be read as dollars.
 CURRENCY = "USD"
 
@@ -52,6 +54,11 @@ class WorkerSpec:
     # each subtask goes to an admissible (model, primitive) pair). Kept apart so that adding an
     # orchestration primitive does not add actions to every flat router's pool.
     subtask_primitives: tuple[str, ...] = ()
+    # What an LLM worker accepts beyond text, each with the most prompt tokens one item may cost it: a
+    # media content part (`image_url`, `input_audio`, `file`: its bytes do not bound its tokens) or, for
+    # `tools`, the chat template's text around the tool definitions. The gateway sends a worker nothing
+    # else, so its budget reservation bounds every token the worker can bill (gateway/routing.py).
+    accepts: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Lists from YAML or JSON become tuples, so a spec read back from a saved model equals the original.
@@ -224,10 +231,18 @@ def _parse_worker(path: Path, raw: Any, where_item: str) -> WorkerSpec:
     for k, v in attrs.items():
         if not _finite_number(v):
             raise InputError(path, where + f"attributes.{k}", f"expected a finite number, got {_clip(v)}")
+    accepts = raw.get("accepts", {}) or {}
+    if not isinstance(accepts, dict):
+        raise InputError(path, where + "accepts", "expected a mapping: content type -> most prompt tokens per item")
+    for k, v in accepts.items():
+        if k not in ACCEPTABLE:
+            raise InputError(path, where + f"accepts.{_clip(k)}", f"{_clip(k)} is not one of {ACCEPTABLE}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise InputError(path, where + f"accepts.{k}", f"expected a token count ≥ 0, got {_clip(v)}")
     limits = {key: _check_limit(path, raw, key, where) for key in ("concurrency", "timeout_s", "max_retries")
               if key in raw}
     return WorkerSpec(**{**raw, **limits, "primitives": tuple(prims), "subtask_primitives": tuple(extra),
-                         "generation": dict(raw.get("generation") or {}),
+                         "generation": dict(raw.get("generation") or {}), "accepts": dict(accepts),
                          "attributes": {str(k): float(v) for k, v in attrs.items()}})
 
 

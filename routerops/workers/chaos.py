@@ -100,9 +100,10 @@ def completion_body(request: dict, model: str) -> dict:
 class DelayedEndpoint:
     """OpenAI-compatible server answering after `delay_s`; counts requests and peak concurrency."""
 
-    def __init__(self, delay_s: float = 0.2, model: str = "delayed-echo"):
+    def __init__(self, delay_s: float = 0.2, model: str = "delayed-echo", usage=None):
         self.delay_s = delay_s
         self.model = model
+        self.usage = usage  # request body -> the usage block to bill (None: completion_body's word counts)
         self.requests = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -139,7 +140,10 @@ class DelayedEndpoint:
         finally:
             with self._lock:
                 self.in_flight -= 1
-        return JSONResponse(completion_body(body, self.model))
+        answer = completion_body(body, self.model)
+        if self.usage is not None:
+            answer["usage"] = self.usage(body)
+        return JSONResponse(answer)
 
     async def _models(self, request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "test"}]})

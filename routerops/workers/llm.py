@@ -151,7 +151,10 @@ def chat_request(spec: WorkerSpec, payload: Payload, max_tokens: int | None = No
     system = gen.get("system")
     if system:
         if messages and messages[0].get("role") == "system":  # one system message: chat templates expect that
-            messages[0] = {"role": "system", "content": f"{system}\n\n{messages[0]['content']}"}
+            content = messages[0].get("content")
+            merged = ([{"type": "text", "text": system}, *content] if isinstance(content, list)  # content parts
+                      else f"{system}\n\n{content or ''}")
+            messages[0] = {**messages[0], "content": merged}
         else:
             messages.insert(0, {"role": "system", "content": system})
     request = {"model": spec.model or spec.name, "messages": messages}

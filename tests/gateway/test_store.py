@@ -49,12 +49,26 @@ def test_threads_racing_for_a_budget_never_reserve_more_than_it(tmp_path):
     assert granted >= 10  # settled calls free what they did not use, so more than ten fit
 
 
-def test_settlement_never_charges_more_than_was_reserved(tmp_path):
+def test_settlement_charges_what_the_worker_billed_above_the_reservation_and_records_the_overrun(tmp_path):
+    # Issue 25: capping the charge at the reservation hid what the worker billed (a reservation that
+    # missed a message's image part charged $1.13e-5 for 20,012 prompt tokens). The money is spent:
+    # it is charged, and the overrun recorded.
     store = Store(f"sqlite:///{tmp_path / 'gw.db'}")
     _, key = store.create_key(1e-3, "total")
-    store.settle(store.reserve(key, 1e-4), 5e-4)
-    assert store.spend(key.key_id, "total") == (pytest.approx(1e-4), 0.0)
-    assert store.remaining_usd(key) == pytest.approx(9e-4)
+    store.settle(store.reserve(key, 1e-4), 5e-4, {"decision_id": "d1", "created_at": "now", "key_id": key.key_id,
+                                                   "router": "r", "router_version": "1", "price_book_version": "b",
+                                                   "query_id": "q", "query": "", "chosen": "w", "worker": "w",
+                                                   "propensity": 1.0, "status": "ok"})
+    assert store.spend(key.key_id, "total") == (pytest.approx(5e-4), 0.0)
+    assert store.remaining_usd(key) == pytest.approx(5e-4)
+    [overrun] = store.overruns(key.key_id)
+    assert overrun["decision_id"] == "d1" and overrun["overrun_usd"] == pytest.approx(4e-4)
+    # past the budget by that overrun at most: the next reservation is refused
+    store.settle(store.reserve(key, 5e-4), 9e-4)
+    assert store.spend(key.key_id, "total")[0] == pytest.approx(1.4e-3)
+    with pytest.raises(BudgetRefused):
+        store.reserve(key, 1e-9)
+    assert store.remaining_usd(key) == 0.0 and len(store.overruns()) == 2
 
 
 def test_keys_create_command_prints_the_key_once(tmp_path, capsys):
