@@ -15,9 +15,9 @@ controllers of models/critique/ stay the ablation rows of `make critique` (evalu
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -82,8 +82,8 @@ def strip(ep: dict) -> dict:
 
 
 def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, work: Path,
-             model_cache: Path | None, scores: dict) -> dict:
-    table = outcome_table(data, split["train"], cfg.prompts.short_names)
+             model_cache: Path | None, scores: dict, variants: Sequence[str] | None = None, corl: bool = True) -> dict:
+    table = outcome_table(data, split["train"], cfg.prompts.short_names, cfg.prompts.template)
     rows = eval_rows(cfg, split)
     folder = base_model_folder(cfg.model, model_cache)
     xi = table.by_strength(cfg.rewards.xi)
@@ -96,21 +96,26 @@ def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, w
                              table, rows, tokenizer=tokenizer, **kw)
     out["controllers"]["warmup_only"] = {**episode_metrics(before, table), "vs": compare(before, table, rows, scores, cfg.protocol.bootstrap, seed)}
     del model
-    runs = {n: s for n, s in SETTINGS.items() if not s[1] or cfg.rewards.multiplier_lr > 0}
+    runs = {n: s for n, s in SETTINGS.items() if (not s[1] or cfg.rewards.multiplier_lr > 0)
+            and (variants is None or n in variants)}
     for name, (constrained, dual) in runs.items():
         trainer, summary = train_controller(cfg, table, split["train"], folder, seed, xi=xi if constrained else None,
                                             dual=dual, sft_adapter=adapter,
                                             progress=lambda s, r: log.info("seed %d %s step %d: %s", seed, name, s, r))
         controller = make_controller(trainer.model, trainer.tokenizer, cfg.generation, temperature=0.0, seed=seed)
         ep = greedy_episodes(controller, table, rows, tokenizer=trainer.tokenizer, **kw)
-        budgeted = greedy_episodes(controller, table, rows, tokenizer=trainer.tokenizer,
-                                   rho=table.by_strength(cfg.rewards.rho), **kw)
+        rho = table.by_strength(cfg.rewards.rho)
+        within = (ep["calls"].sum(axis=0) <= np.floor(rho * len(rows))).all()  # no call would be passed on
+        budgeted = ep if within else greedy_episodes(controller, table, rows, tokenizer=trainer.tokenizer, rho=rho, **kw)
         out["controllers"][name] = {**episode_metrics(ep, table), "decisions_changed_by_rl": decisions_changed(before, ep),
                                     "adapter_relative_change": summary["adapter_relative_change"],
                                     "budgeted": episode_metrics(budgeted, table),
                                     "vs": compare(ep, table, rows, scores, cfg.protocol.bootstrap, seed)}
         out["training"][name] = summary
+        out["adapters"] = {**out.get("adapters", {}), name: str(trainer.save(work / f"seed{seed}" / name) / "adapter")}
         del trainer, controller
+    if not corl:
+        return out
     corl_adapter = warmup(cfg, table, warm_rows, work / f"seed{seed}" / "corl-warmup", seed, model_cache, corl=True) \
         if len(warm_rows) else None
     model, tokenizer = load_controller_model(cfg.model, corl_adapter, resolve_device(cfg.rl.device, cfg.source), model_cache)
@@ -127,25 +132,28 @@ def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, w
     out["corl"]["decisions_changed_by_rl"] = float(changed)
     out["corl"]["adapter_relative_change"] = summary["adapter_relative_change"]
     out["training"]["corl"] = summary
+    out["adapters"] = {**out.get("adapters", {}), "corl": str(trainer.save(work / f"seed{seed}" / "corl") / "adapter")}
     return out
 
 
-def run_critique_lm(cfg: CritiqueLMConfig, root: str | Path, work: Path, model_cache: Path | None = None) -> dict:
+def run_critique_lm(cfg: CritiqueLMConfig, root: str | Path, work: Path, model_cache: Path | None = None,
+                    variants: Sequence[str] | None = None, corl: bool = True) -> dict:
     """Every seed's controllers on the fixed split, the baselines beside them, and a summary."""
     resolve_device(cfg.rl.device, cfg.source)  # refuse a missing CUDA before reading anything
     started = time.perf_counter()
-    paths = dataclasses.replace(_critique_paths(cfg))
+    paths = _critique_paths(cfg)
     data = load_table(paths, Path(root))
     if data.responses is None:
         raise InputError(cfg.table, "response", "the controller reads drafts: the table needs responses")
     split = fixed_split(len(data), cfg.protocol.split_seed, cfg.protocol.fractions)
-    table = outcome_table(data, split["train"], cfg.prompts.short_names)
+    table = outcome_table(data, split["train"], cfg.prompts.short_names, cfg.prompts.template)
     rows = eval_rows(cfg, split)
     scores = baseline_scores(data, table, split["train"], rows, cfg.protocol.split_seed)
     strong, weak = table.correct[rows, table.strongest], table.correct[rows, 0]
     same = strong.mean() == weak.mean()  # APGR is undefined there (a tiny evaluation set)
     apgr = {name: float("nan") if same else float(metrics.apgr(s, strong, weak)) for name, s in scores.items()}
-    per_seed = {str(seed): run_seed(cfg, data, split, seed, Path(work), model_cache, scores) for seed in cfg.protocol.seeds}
+    per_seed = {str(seed): run_seed(cfg, data, split, seed, Path(work), model_cache, scores, variants, corl)
+                for seed in cfg.protocol.seeds}
     summary = {}
     for name in next(iter(per_seed.values()))["controllers"]:
         runs = [per_seed[s]["controllers"][name] for s in per_seed]
@@ -155,9 +163,10 @@ def run_critique_lm(cfg: CritiqueLMConfig, root: str | Path, work: Path, model_c
         for base in scores:
             summary[name][f"{base}_accuracy_at_share"] = float(np.mean([r["vs"][base]["accuracy_at_share"] for r in runs]))
             summary[name][f"minus_{base}"] = float(np.mean([r["vs"][base]["controller_minus_baseline"]["diff"] for r in runs]))
-    summary["corl"] = {mode: {k: float(np.mean([per_seed[s]["corl"][mode][k] for s in per_seed]))
-                              for k in ("expert_call_ratio", "usd_per_query", "accuracy", "reward")}
-                       for mode in ("low", "medium", "high")}
+    if corl:
+        summary["corl"] = {mode: {k: float(np.mean([per_seed[s]["corl"][mode][k] for s in per_seed]))
+                                  for k in ("expert_call_ratio", "usd_per_query", "accuracy", "reward")}
+                           for mode in ("low", "medium", "high")}
     return {"protocol": f"fixed split by query (seed {cfg.protocol.split_seed}, train/val/test "
                         f"{[len(split[k]) for k in ('train', 'val', 'test')]}), {len(rows)} test queries evaluated; "
                         f"training seeds {list(cfg.protocol.seeds)}",

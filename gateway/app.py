@@ -39,7 +39,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from gateway.champion import Champion, Champions
 from gateway.errors import RequestError
-from gateway.families import ORCHESTRATOR, ChatMappingError, turns_left_of
+from gateway.critiqued import answer_critiqued
+from gateway.families import CRITIQUE, ORCHESTRATOR, ChatMappingError, turns_left_of
 from gateway.orchestrated import OrchestraRunner, answer_orchestrated
 from gateway.routing import Decision, decide, prompt_token_bound
 from gateway.store import BudgetRefused, KeyInfo, Reservation, Store
@@ -540,6 +541,9 @@ def create_app(gw: Gateway) -> FastAPI:
         if champion.family == ORCHESTRATOR:
             return await answer_orchestrated(gw, key, body, champion, check_messages(body.get("messages")),
                                              optional_number(body, "budget_usd", math.inf))
+        if champion.family == CRITIQUE:
+            return await answer_critiqued(gw, key, body, champion, check_messages(body.get("messages")),
+                                          optional_number(body, "budget_usd", math.inf))
         call = await gw.open_call(key, body, champion)
         return await (stream(gw, call) if body.get("stream") else complete(gw, call))
 

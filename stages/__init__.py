@@ -45,6 +45,8 @@ STAGES: dict[str, Stage] = {
     "register": Stage("stages.routers:register", MAIN, lambda L: (L.grid, {"leaderboard": L.routers_dir / "leaderboard.csv"})),
     "replay": Stage("stages.replay:replay", MAIN, lambda L: ()),
     "critique": Stage("stages.critique:critique", "models.critique.config:load_critique_config", lambda L: ()),
+    "critique-lm": Stage("stages.critique:critique_lm", "models.critique.lm_config:load_critique_lm_config",
+                         lambda L: ()),
     "track": Stage("stages.track:track", MAIN, lambda L: (L.registry_report, L.replay_dir / "leaderboard.csv")),
     "mtrouter-collect": Stage("stages.mtrouter:collect", MT, lambda L: ()),
     "mtrouter-ablations": Stage("stages.mtrouter:ablations", MT, lambda L: (L.mtrouter_tasks, L.mtrouter_train)),

@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from evaluation.critique import run_critique_benchmark
+from evaluation.critique_lm import run_critique_lm
 from models.critique.config import CritiqueConfig
+from models.critique.lm_config import CritiqueLMConfig
 from routerops import schema
 from routerops.layout import Layout
 from stages.manifest import write_manifest
@@ -23,4 +25,21 @@ def critique(cfg: CritiqueConfig, layout: Layout) -> dict[str, Path]:
     paths["metrics"] = schema.write_json_atomic(metrics, out / "metrics.json")
     sources = [layout.resolve(p) for p in (cfg.table, cfg.contaminated, cfg.fewshot, cfg.price_book)]
     write_manifest(layout.manifests, "critique", cfg, sources, list(paths.values()), metrics)
+    return paths
+
+
+def critique_lm(cfg: CritiqueLMConfig, layout: Layout) -> dict[str, Path]:
+    """The LM controllers (issue 24): warm-up, RL through the shared core, evaluation on the fixed
+    split's test queries beside the logistic router and the cascade; adapters under critique/lm/."""
+    out = layout.critique_dir
+    result = run_critique_lm(cfg, layout.root, out / "lm", layout.model_cache)
+    paths = {"results": schema.write_json_atomic(result, out / "lm_results.json")}
+    metrics = {f"{name}/{key}": value for name, row in result["summary"].items() if name != "corl"
+               for key, value in row.items()}
+    metrics |= {f"corl/{mode}/{key}": value for mode, row in result["summary"].get("corl", {}).items()
+                for key, value in row.items()}
+    paths["metrics"] = schema.write_json_atomic(metrics, out / "lm_metrics.json")
+    sources = [layout.resolve(p) for p in (cfg.table, cfg.contaminated, cfg.fewshot, cfg.price_book)]
+    adapters = [Path(a) for run in result["per_seed"].values() for a in run.get("adapters", {}).values()]
+    write_manifest(layout.manifests, "critique-lm", cfg, sources, list(paths.values()), metrics, adapters)
     return paths

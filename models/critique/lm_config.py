@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from models.critique.lm_prompts import TEMPLATES
 from models.orchestrator.config import GenerationSettings, ModelSpec, SFTSettings
 from models.orchestrator.rl import RLSettings
 from routerops.config import section_from_mapping
@@ -29,9 +30,13 @@ STOP_READINGS = ("zero", "kept_draft")  # R_r of a stop (verdict True): see Prom
 class PromptSettings:
     """What the controller reads and may write (002 App. B Table 8; 003 §3.3 eq. 8)."""
 
+    # "full": Table 8's Templates I/II word for word (the paper). "short": the same rules and output
+    # format in about a third of the tokens (lm_prompts.TEMPLATE_*_SHORT). CPU cut.
+    template: str = "short"
+
     # The draft in Template II's state is cut to its last N tokens (0 = whole draft, the paper). The end
     # of a GSM8K draft holds its final answer and last steps; CPU cut.
-    draft_tail_tokens: int = 64
+    draft_tail_tokens: int = 32
     # The <checking> text of the warm-up targets is at most this many words (0 = no cap). CPU cut.
     max_checking_words: int = 6
     # Agents' names as the prompt shows them: the worker name after its last "/" (the paper shows
@@ -39,6 +44,8 @@ class PromptSettings:
     short_names: bool = True
 
     def validate(self, source: str, where: str) -> None:
+        if self.template not in TEMPLATES:
+            raise InputError(source, f"{where}.template", f"{self.template!r} is not one of {TEMPLATES}")
         for name in ("draft_tail_tokens", "max_checking_words"):
             if getattr(self, name) < 0:
                 raise InputError(source, f"{where}.{name}", "must be ≥ 0 (0 = no cut)")
@@ -90,11 +97,11 @@ class TreeSettings:
     group: int = 4  # G actions sampled per tree node (Table 9)
     gamma: float = 1.0  # γ (Table 9)
     queries_per_step: int = 2  # |D_b| (Table 9: 128). CPU cut
-    steps: int = 12  # S (Table 9: 400 / 600). CPU cut
+    steps: int = 8  # S (Table 9: 400 / 600). CPU cut
     # Controller conversations per RLTrainer.step: one rollout batch is cut into minibatches, each
     # prepared (old and reference log-probs) before the first update, PPO-style. Bounds the memory.
     minibatch: int = 16
-    warmup_queries: int = 48  # train queries whose outcomes build the SFT format warm-up (0 = none)
+    warmup_queries: int = 32  # train queries whose outcomes build the SFT format warm-up (0 = none)
 
     def validate(self, source: str, where: str) -> None:
         for name in ("horizon", "group", "queries_per_step", "steps", "minibatch"):
@@ -116,8 +123,8 @@ class CorlLMSettings:
     expert, r = r_p·1(cost ≤ B)."""
 
     budgets: tuple = (0.001, 0.02, 1000.0)  # B (USD per query), low / medium / high
-    steps: int = 12  # RL steps (003 App. A: 500). CPU cut
-    queries_per_step: int = 8  # each with a mode drawn uniformly (§3.3)
+    steps: int = 8  # RL steps (003 App. A: 500). CPU cut
+    queries_per_step: int = 4  # each with a mode drawn uniformly (§3.3)
 
     def validate(self, source: str, where: str) -> None:
         if len(self.budgets) != 3 or not all(isinstance(b, (int, float)) and b > 0 for b in self.budgets):
@@ -136,7 +143,7 @@ class ProtocolSettings:
     split_seed: int = 0
     fractions: tuple = (0.6, 0.2, 0.2)  # train / validation / test
     seeds: tuple = (0, 1, 2)  # training seeds (LoRA init, sampling, query order)
-    eval_queries: int = 60  # test queries evaluated (the first of the split's fixed order; 0 = all). CPU cut
+    eval_queries: int = 40  # test queries evaluated (the first of the split's fixed order; 0 = all). CPU cut
     bootstrap: int = 200
 
     def validate(self, source: str, where: str) -> None:
@@ -166,8 +173,8 @@ class CritiqueLMConfig:
     tree: TreeSettings = field(default_factory=TreeSettings)
     # The shared RL core's settings (orchestra.rl's keys): LoRA, clip ε, KL β, learning rate, device.
     rl: RLSettings = field(default_factory=lambda: RLSettings(learning_rate=2e-4, max_seq_len=512, save_steps=1000))
-    sft: SFTSettings = field(default_factory=lambda: SFTSettings(max_steps=24, max_seq_len=512, batch_size=4,
-                                                                 save_steps=1000, epochs=1.0))
+    sft: SFTSettings = field(default_factory=lambda: SFTSettings(max_steps=16, max_seq_len=512, batch_size=4,
+                                                                 warmup_steps=0, save_steps=1000, epochs=1.0))
     corl: CorlLMSettings = field(default_factory=CorlLMSettings)
     protocol: ProtocolSettings = field(default_factory=ProtocolSettings)
     source: str = SECTION  # the file it came from (not a params key)

@@ -49,6 +49,7 @@ class OutcomeTable:
     drafts: list[list[str]]  # drafts[q][k]
     correct: np.ndarray  # (n, K) 0/1
     costs: np.ndarray  # (n, K) USD per call
+    template: str = "full"  # which prompt wording the controller reads (lm_config.PromptSettings.template)
 
     def __post_init__(self) -> None:
         if self.correct.shape[1] < 2:
@@ -63,7 +64,8 @@ class OutcomeTable:
         return by_rank(tuple(values), len(self.agents))[::-1].copy()
 
 
-def outcome_table(data: RoutingData, fit_rows: np.ndarray | None = None, short_names: bool = True) -> OutcomeTable:
+def outcome_table(data: RoutingData, fit_rows: np.ndarray | None = None, short_names: bool = True,
+                  template: str = "full") -> OutcomeTable:
     """Agents ordered weaker → stronger by accuracy on `fit_rows` (ties: cheaper first)."""
     if data.responses is None:
         raise InputError("logged outcomes", "response", "the controller reads each agent's draft: the table "
@@ -75,7 +77,7 @@ def outcome_table(data: RoutingData, fit_rows: np.ndarray | None = None, short_n
                         questions=list(data.queries),
                         drafts=[[row[j] or "" for j in order] for row in data.responses],
                         correct=np.asarray(data.scores[:, order], dtype=float),
-                        costs=np.asarray(data.costs[:, order], dtype=float))
+                        costs=np.asarray(data.costs[:, order], dtype=float), template=template)
 
 
 # ---- one turn ------------------------------------------------------------------------------------
@@ -131,9 +133,9 @@ def turn_step(table: OutcomeTable, query: int, turn: int, author: int, parsed: P
 
 def turn_messages(table: OutcomeTable, query: int, author: int, draft_tail: int, tokenizer: Any = None) -> list[Message]:
     if author < 0:
-        return routing_messages(table.questions[query], table.agents)
+        return routing_messages(table.questions[query], table.agents, table.template)
     draft = tail_tokens(table.drafts[query][author], draft_tail, tokenizer)
-    return verify_messages(table.questions[query], table.agents, author, draft)
+    return verify_messages(table.questions[query], table.agents, author, draft, table.template)
 
 
 def parse_turn(table: OutcomeTable, author: int, text: str) -> ParsedTurn:
@@ -191,7 +193,7 @@ def corl_rollout(controller: Controller, table: OutcomeTable, queries: Sequence[
                  group: int, budgets: Sequence[float], malformed_penalty: float) -> list[TreeNode]:
     """G sampled decisions per (query, mode): a one-level tree whose groups are the (query, mode) states."""
     expert = table.agents[table.strongest]
-    prompts = [corl_messages(table.questions[q], expert, MODES[m]) for q, m in zip(queries, modes)]
+    prompts = [corl_messages(table.questions[q], expert, MODES[m], table.template) for q, m in zip(queries, modes)]
     outputs = controller.respond([p for p in prompts for _ in range(group)])
     nodes = []
     for k, out in enumerate(outputs):

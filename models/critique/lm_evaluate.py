@@ -106,7 +106,7 @@ def corl_greedy(controller: Controller, table: OutcomeTable, rows: Sequence[int]
     expert = table.agents[table.strongest]
     out = {}
     for m, mode in enumerate(MODES):
-        outputs = controller.respond([corl_messages(table.questions[int(q)], expert, mode) for q in rows])
+        outputs = controller.respond([corl_messages(table.questions[int(q)], expert, mode, table.template) for q in rows])
         steps = [corl_step(table, int(q), parse_corl(o.text, expert), budgets[m], 0.0) for q, o in zip(rows, outputs)]
         agent = np.array([s.called for s in steps])
         cost = table.costs[np.asarray(rows), agent]

@@ -57,6 +57,17 @@ TEMPLATE_CORL = (
     "First, put your thinking process inside <thinking></thinking> tags. Then, output your choice in the format "
     "<model>NAME</model>, where NAME is self or {expert}.")
 
+# The CPU cut (prompts.template: short): the same rules and output format in a third of the tokens. On two
+# CPU cores the prompt's prefill is most of a turn's cost, sampling and training alike.
+TEMPLATE_I_SHORT = ("Route the math problem to one model by its difficulty. Models, weaker to stronger: {agent_list}. "
+                    "Write <thinking>the difficulty, briefly</thinking> then <model>AGENT NAME</model>.")
+TEMPLATE_II_SHORT = ("Verify the solution from {author}. Models, weaker to stronger: {agent_list}. Write "
+                     "<checking>your check</checking>, then <verdict>True</verdict> if it is fully correct, else "
+                     "<verdict>False</verdict> and <model>AGENT NAME</model> of a model stronger than {author}.")
+TEMPLATE_CORL_SHORT = ("Budget mode: {mode}. {guidance} Answer the math problem yourself or call the expert. Write "
+                       "<thinking>briefly why</thinking> then <model>NAME</model>, NAME one of: {options}.")
+TEMPLATES = ("full", "short")
+
 ROUTE, ACCEPT, REJECT = "route", "accept", "reject"
 
 
@@ -75,22 +86,24 @@ def tail_tokens(text: str, n: int, tokenizer: Any | None = None) -> str:
     return text if len(ids) <= n else "… " + tokenizer.decode(ids[-n:]).lstrip()
 
 
-def routing_messages(question: str, agents: list[str]) -> list[Message]:
+def routing_messages(question: str, agents: list[str], template: str = "full") -> list[Message]:
     """Turn 1: Template I (agents weaker → stronger) and the problem."""
-    return [{"role": "system", "content": TEMPLATE_I.format(agent_list=", ".join(agents))},
+    system = TEMPLATE_I if template == "full" else TEMPLATE_I_SHORT
+    return [{"role": "system", "content": system.format(agent_list=", ".join(agents))},
             {"role": "user", "content": f"Problem: {question.strip()}"}]
 
 
-def verify_messages(question: str, agents: list[str], author: int, draft: str) -> list[Message]:
+def verify_messages(question: str, agents: list[str], author: int, draft: str, template: str = "full") -> list[Message]:
     """Turns t > 1: Template II about agent `author`'s draft (already cut to its tail if so configured)."""
     name = agents[author]
-    return [{"role": "system", "content": TEMPLATE_II.format(agent_list=", ".join(agents), author=name)},
+    system = TEMPLATE_II if template == "full" else TEMPLATE_II_SHORT
+    return [{"role": "system", "content": system.format(agent_list=", ".join(agents), author=name)},
             {"role": "user", "content": f"Problem: {question.strip()}\n\nProposed solution from {name}:\n{draft.strip()}"}]
 
 
-def corl_messages(question: str, expert: str, mode: str) -> list[Message]:
+def corl_messages(question: str, expert: str, mode: str, template: str = "full") -> list[Message]:
     """CoRL's controller prompt for one budget mode (003 §3.3 eq. 8)."""
-    system = TEMPLATE_CORL.format(mode=mode, guidance=CORL_GUIDANCE[mode], options=f"{SELF}, {expert}", expert=expert)
+    system = (TEMPLATE_CORL if template == "full" else TEMPLATE_CORL_SHORT).format(mode=mode, guidance=CORL_GUIDANCE[mode], options=f"{SELF}, {expert}", expert=expert)
     return [{"role": "system", "content": system}, {"role": "user", "content": f"Problem: {question.strip()}"}]
 
 

@@ -65,7 +65,7 @@ def warmup_rows(cfg: CritiqueLMConfig, table: OutcomeTable, rows: Sequence[int],
             for m, budget in enumerate(cfg.corl.budgets):
                 reward = [right[0] * (table.costs[q, 0] <= budget), right[strongest] * (table.costs[q, strongest] <= budget)]
                 choice = expert if reward[1] > reward[0] else SELF
-                out.append({"task_id": f"{q}:{MODES[m]}", "messages": corl_messages(table.questions[q], expert, MODES[m])
+                out.append({"task_id": f"{q}:{MODES[m]}", "messages": corl_messages(table.questions[q], expert, MODES[m], table.template)
                             + [{"role": "assistant", "content": routing_target(THINKING, choice)}]})
             continue
         first = next((k for k in range(len(table.agents)) if right[k]), strongest)
