@@ -52,7 +52,7 @@ def greedy_episodes(controller: Controller, table: OutcomeTable, rows: Sequence[
             turns[i], malformed[i] = turn, malformed[i] + int(step.malformed)
             decisions[i].append("malformed" if step.malformed else
                                 f"route:{step.called}" if turn == 1 else f"verdict:{step.verdict}:{step.called}")
-            if turn > 1:
+            if turn > 1 and not step.malformed:  # a malformed turn wrote no verdict (counted in `malformed`)
                 verdicts.append((turn, author, int(table.correct[q, author]), bool(step.verdict)))
             called = step.called
             if called < 0:  # a stop, or a False verdict with nothing to call: the draft stands

@@ -55,7 +55,7 @@ def critique_champion(mlflow_registry, tmp_path_factory):
     run = OrchestraConfig(sft=SFTSettings(learning_rate=3e-3, warmup_steps=0, max_steps=6, batch_size=1,
                                           max_seq_len=512, save_steps=6, logging_steps=1))
     trained = train_sft(run, tmp / "warmup.jsonl", tmp / "sft")
-    served = ServedCritique.from_files(ModelSpec(), GenerationSettings(max_new_tokens=24), trained.adapter_dir,
+    served = ServedCritique.from_files(ModelSpec(), GenerationSettings(max_new_tokens=40), trained.adapter_dir,
                                        [WEAK, STRONG], [WEAK, STRONG], prompts)
     assert family_of(served) == CRITIQUE and serving_problem(served, POOL, BOOK) is None
     registered = register(served, include_code=False)
