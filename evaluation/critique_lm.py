@@ -181,3 +181,39 @@ def _critique_paths(cfg: CritiqueLMConfig):
     from models.critique.config import CritiqueConfig
 
     return CritiqueConfig(table=cfg.table, contaminated=cfg.contaminated, fewshot=cfg.fewshot, price_book=cfg.price_book)
+
+
+# ---- registration through the promotion gate -------------------------------------------------------
+
+def judge_on_val(served, table: OutcomeTable, val_rows: np.ndarray, cfg: CritiqueLMConfig) -> "Judged":
+    """A served critique controller's greedy episodes on validation queries (never the test ones), as
+    the gate's per-query score and USD (one operating point)."""
+    from evaluation.registry import Judged
+    from routerops.promotion import Outcomes
+
+    ep = greedy_episodes(served.controller, table, val_rows, cfg.tree.horizon, cfg.rewards,
+                         cfg.prompts.draft_tail_tokens, served.controller.tokenizer)
+    return Judged([str(int(q)) for q in val_rows], Outcomes(ep["correct"][None], ep["cost"][None]))
+
+
+def register_critique_lm(cfg: CritiqueLMConfig, root: str | Path, adapter: Path, val_queries: int = 40,
+                         model_cache: Path | None = None, n_boot: int = 1000):
+    """Register the controller whose LoRA adapter is `adapter` as `critique-lm` (gateway family
+    `critique`); it takes the champion alias only if the paired bootstrap gate (routerops/promotion.py,
+    accuracy, budget none) finds it better than the champion on the same validation queries."""
+    from evaluation.critique_serving import ServedCritique
+    from evaluation.registry import register_and_promote
+    from routerops.promotion import GateConfig
+
+    data = load_table(_critique_paths(cfg), Path(root))
+    split = fixed_split(len(data), cfg.protocol.split_seed, cfg.protocol.fractions)
+    table = outcome_table(data, split["train"], cfg.prompts.short_names, cfg.prompts.template)
+    val = split["val"][:val_queries]
+    served = ServedCritique.from_files(cfg.model, cfg.generation, Path(adapter), table.workers, table.agents,
+                                       cfg.prompts, model_cache)
+    candidate = judge_on_val(served, table, val, cfg)
+    gate = GateConfig(objective="accuracy_at_budget", budget_usd=None, n_boot=n_boot, seed=cfg.protocol.split_seed)
+    return register_and_promote(served, candidate, lambda champion, label: judge_on_val(champion, table, val, cfg),
+                                gate, metrics={"val_accuracy": float(candidate.outcomes.correct.mean()),
+                                               "val_usd_per_query": float(candidate.outcomes.paid.mean())},
+                                include_code=False)

@@ -47,6 +47,8 @@ STAGES: dict[str, Stage] = {
     "critique": Stage("stages.critique:critique", "models.critique.config:load_critique_config", lambda L: ()),
     "critique-lm": Stage("stages.critique:critique_lm", "models.critique.lm_config:load_critique_lm_config",
                          lambda L: ()),
+    "critique-lm-register": Stage("stages.critique:critique_lm_register", "models.critique.lm_config:load_critique_lm_config",
+                                  lambda L: (L.critique_dir / "lm_results.json",)),
     "track": Stage("stages.track:track", MAIN, lambda L: (L.registry_report, L.replay_dir / "leaderboard.csv")),
     "mtrouter-collect": Stage("stages.mtrouter:collect", MT, lambda L: ()),
     "mtrouter-ablations": Stage("stages.mtrouter:ablations", MT, lambda L: (L.mtrouter_tasks, L.mtrouter_train)),

@@ -43,3 +43,20 @@ def critique_lm(cfg: CritiqueLMConfig, layout: Layout) -> dict[str, Path]:
     adapters = [Path(a) for run in result["per_seed"].values() for a in run.get("adapters", {}).values()]
     write_manifest(layout.manifests, "critique-lm", cfg, sources, list(paths.values()), metrics, adapters)
     return paths
+
+
+def critique_lm_register(cfg: CritiqueLMConfig, layout: Layout, results: Path) -> Path:
+    """Register the first seed's RL'd controller (with the multipliers) through the promotion gate."""
+    import json
+
+    from evaluation.critique_lm import register_critique_lm
+    from evaluation.tracking import use_tracking
+    from routerops.config import load_params
+
+    result = json.loads(Path(results).read_text())
+    adapter = Path(next(iter(result["per_seed"].values()))["adapters"]["with_multipliers"])
+    use_tracking(load_params(layout.resolve("params.yaml"), sections=("track",)).track)
+    registered, decision = register_critique_lm(cfg, layout.root, adapter, model_cache=layout.model_cache)
+    summary = {"name": registered.name, "version": registered.version, "model_uri": registered.model_uri,
+               "decision": decision.to_dict()}
+    return schema.write_json_atomic(summary, layout.critique_dir / "lm_registry.json")

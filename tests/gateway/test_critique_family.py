@@ -8,6 +8,7 @@ verdict and both calls."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -93,3 +94,19 @@ def test_a_critique_champion_escalates_when_the_controller_says_false(critique_c
     assert completion.usage.completion_tokens == sum(c["completion_tokens"] for c in explained["calls"]) > 0
     spent, reserved = gw.store.spend(info.key_id, period_start("day"))
     assert spent == pytest.approx(cost, abs=1e-9) and reserved == 0
+
+
+def test_registration_goes_through_the_promotion_gate_on_validation_queries(critique_champion, tmp_path):
+    """register_critique_lm judges the candidate on the fixed split's validation queries (never the
+    test ones) and runs the paired gate against the champion, whose pool differs here (smol workers
+    vs RouteLLM's Mixtral / GPT-4): the gate says so and the candidate replaces it."""
+    from evaluation.critique_lm import register_critique_lm
+    from models.critique.lm_config import critique_lm_config
+
+    served, first = critique_champion
+    cfg = critique_lm_config({"generation": {"max_new_tokens": 40}})
+    REPO = Path(__file__).resolve().parents[2]
+    registered, decision = register_critique_lm(cfg, REPO, served.adapter, val_queries=2, n_boot=100)
+    assert registered.name == NAME and int(registered.version) > int(first.version)
+    assert decision.promote and "cannot route this pool" in decision.reason
+    assert len(decision.evidence["gate_ids"]) == 2
