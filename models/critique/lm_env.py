@@ -30,7 +30,7 @@ import numpy as np
 from models.base import RoutingData
 from models.critique.env import by_rank
 from models.critique.lm_config import RewardSettings
-from models.critique.lm_prompts import (ACCEPT, REJECT, ROUTE, ParsedTurn, corl_messages, display_name,
+from models.critique.lm_prompts import (ACCEPT, ROUTE, ParsedTurn, corl_messages, display_name,
                                         parse_corl, parse_routing, parse_verification, routing_messages,
                                         tail_tokens, verify_messages)
 from routerops.errors import InputError
