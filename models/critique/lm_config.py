@@ -99,8 +99,9 @@ class TreeSettings:
     queries_per_step: int = 2  # |D_b| (Table 9: 128). CPU cut
     steps: int = 8  # S (Table 9: 400 / 600). CPU cut
     # Controller conversations per RLTrainer.step: one rollout batch is cut into minibatches, each
-    # prepared (old and reference log-probs) before the first update, PPO-style. Bounds the memory.
-    minibatch: int = 16
+    # prepared (old and reference log-probs) before the first update, PPO-style. Bounds the memory:
+    # 16 conversations of ~300 tokens held ~13 GB on SmolLM2 (killed by the OOM killer, measured).
+    minibatch: int = 4
     warmup_queries: int = 32  # train queries whose outcomes build the SFT format warm-up (0 = none)
 
     def validate(self, source: str, where: str) -> None:

@@ -189,6 +189,7 @@ def train_controller(cfg: CritiqueLMConfig, table: OutcomeTable, train_rows: Seq
         trained += int(stats.get("trained_tokens", 0))
         calls = sampled_calls(nodes, len(table.agents), cfg.tree.group) / len(queries)
         roots = [n for n in nodes if n.turn == 1]
+        stats = {("updates" if k == "step" else k): v for k, v in stats.items()}  # the trainer's update count
         row = {"step": step + 1, "nodes": len(nodes), "reward_root_mean": float(np.mean([q_hat[i] for i, n in enumerate(nodes) if n.turn == 1])),
                "malformed_share": float(np.mean([n.step.malformed for n in nodes])),
                "strong_first_share": float(np.mean([n.step.called == table.strongest for n in roots])),
