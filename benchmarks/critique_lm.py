@@ -50,7 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = dataclasses.replace(cfg, protocol=dataclasses.replace(cfg.protocol, seeds=seeds))
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="critique-lm-") as work:
-        result = run_critique_lm(cfg, REPO, Path(work), variants=args.variants, corl=args.corl)
+        def partial(state: dict) -> None:  # what is known so far, in case the run is cut short
+            schema.write_json_atomic({"partial": True, "elapsed_s": time.perf_counter() - started,
+                                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                                      **state}, args.out.with_name(args.out.stem + "_partial.json"))
+
+        result = run_critique_lm(cfg, REPO, Path(work), variants=args.variants, corl=args.corl, on_progress=partial)
     result["wall_s"] = time.perf_counter() - started
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     result["machine"] = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +82,8 @@ def strip(ep: dict) -> dict:
 
 
 def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, work: Path,
-             model_cache: Path | None, scores: dict, variants: Sequence[str] | None = None, corl: bool = True) -> dict:
+             model_cache: Path | None, scores: dict, variants: Sequence[str] | None = None, corl: bool = True,
+             on_progress: Callable[[dict], None] | None = None) -> dict:
     table = outcome_table(data, split["train"], cfg.prompts.short_names, cfg.prompts.template)
     rows = eval_rows(cfg, split)
     folder = base_model_folder(cfg.model, model_cache)
@@ -95,13 +96,21 @@ def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, w
     before = greedy_episodes(make_controller(model, tokenizer, cfg.generation, temperature=0.0, seed=seed),
                              table, rows, tokenizer=tokenizer, **kw)
     out["controllers"]["warmup_only"] = {**episode_metrics(before, table), "vs": compare(before, table, rows, scores, cfg.protocol.bootstrap, seed)}
+    report = on_progress or (lambda _: None)
+    report(out)
     del model
     runs = {n: s for n, s in SETTINGS.items() if (not s[1] or cfg.rewards.multiplier_lr > 0)
             and (variants is None or n in variants)}
     for name, (constrained, dual) in runs.items():
+        steps: list[dict] = []
+
+        def step_done(s: int, r: dict, name: str = name, steps: list = steps) -> None:
+            log.info("seed %d %s step %d: %s", seed, name, s, r)
+            steps.append(r)
+            report({**out, "training_in_progress": {name: steps}})
+
         trainer, summary = train_controller(cfg, table, split["train"], folder, seed, xi=xi if constrained else None,
-                                            dual=dual, sft_adapter=adapter,
-                                            progress=lambda s, r: log.info("seed %d %s step %d: %s", seed, name, s, r))
+                                            dual=dual, sft_adapter=adapter, progress=step_done)
         controller = make_controller(trainer.model, trainer.tokenizer, cfg.generation, temperature=0.0, seed=seed)
         ep = greedy_episodes(controller, table, rows, tokenizer=trainer.tokenizer, **kw)
         rho = table.by_strength(cfg.rewards.rho)
@@ -113,6 +122,7 @@ def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, w
                                     "vs": compare(ep, table, rows, scores, cfg.protocol.bootstrap, seed)}
         out["training"][name] = summary
         out["adapters"] = {**out.get("adapters", {}), name: str(trainer.save(work / f"seed{seed}" / name) / "adapter")}
+        report(out)
         del trainer, controller
     if not corl:
         return out
@@ -137,7 +147,8 @@ def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, w
 
 
 def run_critique_lm(cfg: CritiqueLMConfig, root: str | Path, work: Path, model_cache: Path | None = None,
-                    variants: Sequence[str] | None = None, corl: bool = True) -> dict:
+                    variants: Sequence[str] | None = None, corl: bool = True,
+                    on_progress: Callable[[dict], None] | None = None) -> dict:
     """Every seed's controllers on the fixed split, the baselines beside them, and a summary."""
     resolve_device(cfg.rl.device, cfg.source)  # refuse a missing CUDA before reading anything
     started = time.perf_counter()
@@ -152,7 +163,9 @@ def run_critique_lm(cfg: CritiqueLMConfig, root: str | Path, work: Path, model_c
     strong, weak = table.correct[rows, table.strongest], table.correct[rows, 0]
     same = strong.mean() == weak.mean()  # APGR is undefined there (a tiny evaluation set)
     apgr = {name: float("nan") if same else float(metrics.apgr(s, strong, weak)) for name, s in scores.items()}
-    per_seed = {str(seed): run_seed(cfg, data, split, seed, Path(work), model_cache, scores, variants, corl)
+    per_seed = {str(seed): run_seed(cfg, data, split, seed, Path(work), model_cache, scores, variants, corl,
+                                  None if on_progress is None else
+                                  (lambda part, seed=seed: on_progress({"seed": seed, "partial": part})))
                 for seed in cfg.protocol.seeds}
     summary = {}
     for name in next(iter(per_seed.values()))["controllers"]:
