@@ -5,14 +5,16 @@ beside the single-turn replay routers on the same folds. No live call."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from evaluation.critique import run_critique_benchmark
-from evaluation.critique_lm import run_critique_lm
 from models.critique.config import CritiqueConfig
-from models.critique.lm_config import CritiqueLMConfig
 from routerops import schema
 from routerops.layout import Layout
 from stages.manifest import write_manifest
+
+if TYPE_CHECKING:
+    from models.critique.lm_config import CritiqueLMConfig
 
 
 def critique(cfg: CritiqueConfig, layout: Layout) -> dict[str, Path]:
@@ -31,6 +33,8 @@ def critique(cfg: CritiqueConfig, layout: Layout) -> dict[str, Path]:
 def critique_lm(cfg: CritiqueLMConfig, layout: Layout) -> dict[str, Path]:
     """The LM controllers (issue 24): warm-up, RL through the shared core, evaluation on the fixed
     split's test queries beside the logistic router and the cascade; adapters under critique/lm/."""
+    from evaluation.critique_lm import run_critique_lm  # the LM stack (torch, transformers, peft) only here
+
     out = layout.critique_dir
     result = run_critique_lm(cfg, layout.root, out / "lm", layout.model_cache)
     paths = {"results": schema.write_json_atomic(result, out / "lm_results.json")}
