@@ -97,12 +97,12 @@ class TreeSettings:
     group: int = 4  # G actions sampled per tree node (Table 9)
     gamma: float = 1.0  # γ (Table 9)
     queries_per_step: int = 2  # |D_b| (Table 9: 128). CPU cut
-    steps: int = 8  # S (Table 9: 400 / 600). CPU cut
+    steps: int = 4  # S (Table 9: 400 / 600). CPU cut
     # Controller conversations per RLTrainer.step: one rollout batch is cut into minibatches, each
     # prepared (old and reference log-probs) before the first update, PPO-style. Bounds the memory:
     # 16 conversations of ~300 tokens held ~13 GB on SmolLM2 (killed by the OOM killer, measured).
     minibatch: int = 4
-    warmup_queries: int = 32  # train queries whose outcomes build the SFT format warm-up (0 = none)
+    warmup_queries: int = 24  # train queries whose outcomes build the SFT format warm-up (0 = none)
 
     def validate(self, source: str, where: str) -> None:
         for name in ("horizon", "group", "queries_per_step", "steps", "minibatch"):
@@ -144,7 +144,7 @@ class ProtocolSettings:
     split_seed: int = 0
     fractions: tuple = (0.6, 0.2, 0.2)  # train / validation / test
     seeds: tuple = (0, 1, 2)  # training seeds (LoRA init, sampling, query order)
-    eval_queries: int = 40  # test queries evaluated (the first of the split's fixed order; 0 = all). CPU cut
+    eval_queries: int = 24  # test queries evaluated (the first of the split's fixed order; 0 = all). CPU cut
     bootstrap: int = 200
 
     def validate(self, source: str, where: str) -> None:
@@ -167,14 +167,16 @@ class CritiqueLMConfig:
     model: ModelSpec = field(default_factory=ModelSpec)
     # How the controller decodes (orchestra.controller's keys). max_new_tokens caps a whole turn, the
     # <thinking>/<checking> text and the tags: a turn cut there is malformed (no closing tag). CPU cut:
-    # 40; the paper: 2,048 (Table 9). temperature is set per use: rl.temperature for rollouts, 0 to evaluate.
-    generation: GenerationSettings = field(default_factory=lambda: GenerationSettings(max_new_tokens=40, batch_size=8))
+    # 48; the paper: 2,048 (Table 9). temperature is set per use: rl.temperature for rollouts, 0 to evaluate.
+    generation: GenerationSettings = field(default_factory=lambda: GenerationSettings(max_new_tokens=48, batch_size=8))
     prompts: PromptSettings = field(default_factory=PromptSettings)
     rewards: RewardSettings = field(default_factory=RewardSettings)
     tree: TreeSettings = field(default_factory=TreeSettings)
     # The shared RL core's settings (orchestra.rl's keys): LoRA, clip ε, KL β, learning rate, device.
-    rl: RLSettings = field(default_factory=lambda: RLSettings(learning_rate=2e-4, max_seq_len=512, save_steps=1000))
-    sft: SFTSettings = field(default_factory=lambda: SFTSettings(max_steps=16, max_seq_len=512, batch_size=4,
+    # temperature 0.7 (paper 1.0, Table 9): SmolLM2-135M sampled at 1.0 wrote garbage inside the tags.
+    rl: RLSettings = field(default_factory=lambda: RLSettings(learning_rate=2e-4, temperature=0.7,
+                                                                max_seq_len=512, save_steps=1000))
+    sft: SFTSettings = field(default_factory=lambda: SFTSettings(max_steps=12, learning_rate=2e-3, max_seq_len=512, batch_size=4,
                                                                  warmup_steps=0, save_steps=1000, epochs=1.0))
     corl: CorlLMSettings = field(default_factory=CorlLMSettings)
     protocol: ProtocolSettings = field(default_factory=ProtocolSettings)
