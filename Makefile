@@ -19,7 +19,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: install sandbox-backend demo storage test test-fast mlflow-ui serve retrain benchmarks bench-rl replay critique mtrouter orchestra clean
+.PHONY: install sandbox-backend demo storage test test-fast mlflow-ui serve retrain benchmarks bench-rl replay critique critique-lm mtrouter orchestra clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,12 @@ replay: install
 # Critique-and-route (paper 002) + CoRL budget modes (003) on RouteLLM's GSM8K logs (params.yaml: critique).
 critique: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" routerops stage critique
+
+# The LM critique-and-route / CoRL controllers (issue 24; params.yaml: critique_lm): warm-up SFT, RL through
+# the shared core, evaluation on the fixed split's test queries, then registration through the gate.
+critique-lm: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" routerops stage critique-lm
+	PATH="$(CURDIR)/$(BIN):$$PATH" routerops stage critique-lm-register
 
 # MTRouter at small scale on ScienceWorld with the embedded pool (params.yaml: mtrouter).
 mtrouter: install

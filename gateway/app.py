@@ -43,7 +43,8 @@ from gateway import openapi
 from gateway.admission import Admission, AdmissionMiddleware
 from gateway.champion import Champion, Champions
 from gateway.errors import RequestError
-from gateway.families import ORCHESTRATOR, ChatMappingError
+from gateway.critiqued import answer_critiqued
+from gateway.families import CRITIQUE, ORCHESTRATOR, ChatMappingError
 from gateway.orchestrated import OrchestraRunner, answer_orchestrated
 from gateway.parsing import SAMPLING_FIELDS, TOOL_FIELDS, ChatRequest, check_chat_request, read_feedback, read_json_object
 from gateway.routing import Decision, decide, prompt_token_bound
@@ -643,11 +644,12 @@ def create_app(gw: Gateway) -> FastAPI:
         key = await gw.authenticate(request)
         req = check_chat_request(await body_of(request))
         champion = gw.resolve(req.model)
-        if champion.family == ORCHESTRATOR:
+        if champion.family in (ORCHESTRATOR, CRITIQUE):
             if req.media or req.tools:
-                raise RequestError(400, "an orchestrator champion plans from the chat's text: it takes no media parts "
+                raise RequestError(400, f"an {champion.family} champion reads the chat's text: it takes no media parts "
                                         "and no tools", code="unsupported_content")
-            response = await answer_orchestrated(gw, key, req.body, champion, req.messages, req.budget_usd)
+            answer = answer_orchestrated if champion.family == ORCHESTRATOR else answer_critiqued
+            response = await answer(gw, key, req.body, champion, req.messages, req.budget_usd)
         else:
             call = await gw.open_call(key, req, champion)
             admitted_at = request.scope.get("state", {}).get("admitted_at")

@@ -9,6 +9,8 @@ mtrouter     `ServedMTRouter` (`mtrouter-<suite>`, paper 000): a chat is an epis
              the quality of a worker is its estimated outcome ŝ(h_t, a) (000 eq. 8).
 orchestrator `ServedOrchestrator` (`orchestrator`, paper 004): the chat is one controller episode
              run by the executor (gateway/orchestrated.py), not one routed call.
+critique     `ServedCritique` (`critique-lm`, paper 002): the weakest agent drafts, the LM controller
+             checks the draft and escalates while it says False (gateway/critiqued.py).
 
 The first two give a `Scorer`: `estimate(messages, budget, turns_left)` → an `Estimate` (each
 worker's quality, or why the router stops), which gateway/routing.py's one budget rule turns into a
@@ -31,8 +33,10 @@ from models.mtrouter.history import Interaction, pair_block, task_block
 from routerops.errors import InputError
 
 SINGLE_TURN, MTROUTER, ORCHESTRATOR = "single-turn", "mtrouter", "orchestrator"
-FAMILIES = (SINGLE_TURN, MTROUTER, ORCHESTRATOR)
+CRITIQUE = "critique"  # the LM critique-and-route controller (paper 002): gateway/critiqued.py
+FAMILIES = (SINGLE_TURN, MTROUTER, ORCHESTRATOR, CRITIQUE)
 ORCHESTRATOR_MODULE = "evaluation.orchestra_serving"  # imported only when such a champion is loaded
+CRITIQUE_MODULE = "evaluation.critique_serving"
 
 
 class ChatMappingError(InputError):
@@ -51,6 +55,8 @@ def family_of(servable: object) -> str | None:
         return MTROUTER
     if type(servable).__module__ == ORCHESTRATOR_MODULE and getattr(servable, "family", None) == ORCHESTRATOR:
         return ORCHESTRATOR
+    if type(servable).__module__ == CRITIQUE_MODULE and getattr(servable, "family", None) == CRITIQUE:
+        return CRITIQUE
     return None
 
 
@@ -151,7 +157,7 @@ class MTRouterScorer:
 
 
 def scorer_for(servable: object, embed=None) -> Scorer | None:
-    """The servable's Scorer; None for the orchestrator (it runs episodes, gateway/orchestrated.py)."""
+    """The servable's Scorer; None for the orchestrator and critique families (they run episodes)."""
     family = family_of(servable)
     if family == SINGLE_TURN:
         return SingleTurnScorer(servable, embed)

