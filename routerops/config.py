@@ -130,6 +130,8 @@ class Params:
     orchestra: dict = field(default_factory=dict)
     # The critique-and-route / CoRL section; typed and checked by models.critique.config.
     critique: dict = field(default_factory=dict)
+    # The LM critique-and-route / CoRL controller's section; typed and checked by models.critique.lm_config.
+    critique_lm: dict = field(default_factory=dict)
 
 
 def _build(cls: type, raw: Any, path: Path, where: str) -> Any:
