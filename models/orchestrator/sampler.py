@@ -39,8 +39,7 @@ from typing import Any
 import torch
 
 from models.orchestrator.config import GenerationSettings, ModelSpec
-from models.orchestrator.lm import (LMController, check_conversation, eos_token_ids, load_controller_model,
-                                    resolve_device, turn_length)
+from models.orchestrator.lm import LMController, eos_token_ids, load_controller_model, resolve_device, turn_length
 from routerops.orchestra.controller import ControllerTurn, Message
 
 
@@ -159,18 +158,8 @@ class FastSampler:
             merge_policy(self.policy, self.engine)
             self.prefixes.clear()  # keys and values of the old weights
 
-    def respond(self, conversations: Sequence[list[Message]]) -> list[ControllerTurn]:
-        for index, messages in enumerate(conversations):
-            problem = check_conversation(messages)
-            if problem:
-                raise ValueError(f"conversation {index}: {problem}")
-        size = self.settings.batch_size
-        with self.lock:
-            turns = []
-            for start in range(0, len(conversations), size):
-                turns.extend(self.generate_batch(conversations[start:start + size], self.settings.seed + self.calls))
-                self.calls += 1
-            return turns
+    # LMController's: conversations checked, cut into batch_size batches, call n sampled under seed + n.
+    respond = LMController.respond
 
     def encode(self, conversations: Sequence[list[Message]]) -> list[list[int]]:
         prompts = [self.tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
