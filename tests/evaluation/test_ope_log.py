@@ -20,7 +20,7 @@ from evaluation.ope import CHAMPION_GREEDY, LOGGING, evaluate, read_log, router_
 from evaluation.serving import ServedRouter, bundled_minilm_ref
 from gateway.app import explanation
 from gateway.families import Estimate
-from gateway.routing import decide
+from gateway.routing import decide, prompt_token_bound
 from models.base import RoutingData
 from models.baselines import KNNRouter, LogisticRouter
 from routerops.errors import InputError
@@ -62,9 +62,9 @@ def decision_log(n: int = 200, epsilon: float = 0.5, texts: bool = False) -> pd.
     """Rows as gateway/store.py writes them: the champion (always worker 0) explores with ε."""
     x, side = cluster_data(n, 1)
     rng, rows = random.Random(0), []
-    messages = [{"role": "user", "content": "a question"}]
+    bounds = {w: prompt_token_bound([{"role": "user", "content": "a question"}]) for w in WORKERS}
     for i in range(n):
-        d = decide(Estimate(WORKERS, np.array([0.6, 0.4]), f"query {i}"), "router-knn", "1", BOOK, messages, {}, 8,
+        d = decide(Estimate(WORKERS, np.array([0.6, 0.4]), f"query {i}"), "router-knn", "1", BOOK, bounds, 8,
                    1.0, 1.0, 0.0, epsilon, rng, f"d{i:04d}", "single-turn")
         rows.append({"decision_id": d.decision_id, "created_at": f"2026-11-25T10:{i // 60:02d}:{i % 60:02d}Z",
                      "router": "router-knn", "router_version": "1", "query_id": d.query_id,
