@@ -93,7 +93,8 @@ mtrouter: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.mtrouter
 
 # The orchestrator (paper 004) at small scale: teacher → verifier filter → SFT of SmolLM2-135M → evaluate
-# before/after SFT beside the baselines → register (params.yaml: orchestra). ~30 min on 2 cores.
+# before/after SFT and RL beside the baselines → register (params.yaml: orchestra). ~30 min on 2 cores before
+# the 16-step RL stage of issue 23, which adds roughly 10-15 min (not re-timed end to end).
 orchestra: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.orchestra
 
