@@ -10,6 +10,7 @@ publishing a pool without it retires the champion that could route to it.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import os
 import subprocess
@@ -94,6 +95,11 @@ async def wait_for_runs(deployment_id, count: int, timeout_s: float = 900):
             runs = await client.read_flow_runs(
                 deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
                 sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=50)
+            # The deployment's cron (ops.retrain_cron) has the server's scheduler create future runs
+            # whenever its loop comes round: they are not the runs waited for and never final now.
+            soon = dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=5)
+            runs = [r for r in runs if not (r.state and r.state.is_scheduled() and r.expected_start_time
+                                            and r.expected_start_time > soon)]
             if len(runs) >= count and all(r.state and r.state.is_final() for r in runs):
                 return sorted(runs, key=lambda r: r.created)
             await asyncio.sleep(2)
