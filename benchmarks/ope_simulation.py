@@ -20,7 +20,15 @@ the value any router *would* have had on a set of queries is known exactly by re
 
     flock /tmp/routerops-bench.lock nice python benchmarks/ope_simulation.py --logs 200
 
-writes benchmarks/results/ope_simulation.json and .png.
+writes benchmarks/results/ope_simulation.json and .png. The same protocol runs on any complete
+logged-outcomes table of K workers — the demo's grid (`data/grid/outcomes.parquet` of a `make demo`
+root: the embedded pool's single workers on every train task) with its price book:
+
+    python benchmarks/ope_simulation.py --table ROOT/data/grid/outcomes.parquet \
+        --prices ROOT/configs/prices/current.yaml --out benchmarks/results/ope_simulation_demo_grid.json
+
+With K > 2 workers the champion's λ is where its greedy rule sends half the queries past the
+cheapest worker (for K = 2, exactly "calls the dearer worker on half").
 """
 
 from __future__ import annotations
@@ -47,11 +55,19 @@ CHAMPION = "logistic"
 LEARNED = ("knn", "mf")
 
 
-def load_data():
-    frame = import_routellm_gsm8k(REPO / "datasets/routellm/gsm8k_responses.csv",
-                                  REPO / "datasets/routellm/gsm8k_contaminated_prompts.jsonl",
-                                  REPO / "datasets/gsm8k/train_first8.jsonl")
-    return routing_data_from_table(frame, load_price_book(REPO / "configs/prices/routellm-2024.yaml"))
+ROUTELLM_TABLE = "RouteLLM GSM8K (datasets/routellm), 1307 queries × 2 workers, prices configs/prices/routellm-2024.yaml"
+
+
+def load_data(table: str | None = None, prices: str | None = None):
+    """RouteLLM's GSM8K table by default; otherwise a logged-outcomes table (every worker on every
+    query, docs/replay_format.md) priced under `prices`."""
+    book = load_price_book(prices or REPO / "configs/prices/routellm-2024.yaml")
+    if table is None:
+        frame = import_routellm_gsm8k(REPO / "datasets/routellm/gsm8k_responses.csv",
+                                      REPO / "datasets/routellm/gsm8k_contaminated_prompts.jsonl",
+                                      REPO / "datasets/gsm8k/train_first8.jsonl")
+        return routing_data_from_table(frame, book)
+    return routing_data_from_table(table, book)
 
 
 def greedy(quality: np.ndarray, mean_cost: np.ndarray, lam: float) -> np.ndarray:
@@ -61,10 +77,20 @@ def greedy(quality: np.ndarray, mean_cost: np.ndarray, lam: float) -> np.ndarray
 
 
 def half_strong_lambda(quality: np.ndarray, mean_cost: np.ndarray) -> float:
-    """λ at which the router's greedy rule calls the dearer worker on half of the queries."""
-    strong = int(np.argmax(mean_cost))
-    weak = 1 - strong
-    return float(np.median((quality[:, strong] - quality[:, weak]) / (mean_cost[strong] - mean_cost[weak])).clip(0))
+    """λ at which the router's greedy rule calls the dearer worker on half of the queries (K = 2),
+    or sends half of them past the cheapest worker (K > 2: bisection, the share falls with λ)."""
+    if quality.shape[1] == 2:
+        strong = int(np.argmax(mean_cost))
+        weak = 1 - strong
+        return float(np.median((quality[:, strong] - quality[:, weak]) / (mean_cost[strong] - mean_cost[weak])).clip(0))
+    cheapest = int(np.argmin(mean_cost))
+    low, high = 0.0, 1.0
+    while (greedy(quality, mean_cost, high) != cheapest).mean() > 0.5 and high < 1e12:
+        high *= 10
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if (greedy(quality, mean_cost, mid) != cheapest).mean() > 0.5 else (low, mid)
+    return high
 
 
 def policies(data, qualities: dict[str, np.ndarray], lam: float, mean_cost: np.ndarray):
@@ -152,7 +178,7 @@ def per_policy(records: list[dict], epsilon: float, metric: str = "accuracy") ->
     return out
 
 
-def plot(summary: list[dict], path: Path) -> None:
+def plot(summary: list[dict], path: Path, title: str = "RouteLLM GSM8K") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -177,7 +203,7 @@ def plot(summary: list[dict], path: Path) -> None:
         ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
         ax.minorticks_off()
     axes[0].legend()
-    fig.suptitle("Off-policy estimates of 8 policies from ε-greedy logs of RouteLLM GSM8K traffic vs their replay truth")
+    fig.suptitle(f"Off-policy estimates from ε-greedy logs of {title} traffic vs their replay truth")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -188,6 +214,8 @@ def main() -> None:
     parser.add_argument("--epsilons", type=float, nargs="+", default=[0.02, 0.05, 0.1, 0.2, 0.5])
     parser.add_argument("--n-boot", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--table", help="a complete logged-outcomes table (default: RouteLLM's GSM8K table)")
+    parser.add_argument("--prices", help="its price book (default: configs/prices/routellm-2024.yaml)")
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/ope_simulation.json"))
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON at --out")
     args = parser.parse_args()
@@ -196,7 +224,7 @@ def main() -> None:
         return
 
     started = time.perf_counter()
-    data = load_data()
+    data = load_data(args.table, args.prices)
     qualities = {name: cross_fit(data, lambda s, name=name: make_router(name, s), k=5, seed=0)
                  for name in (CHAMPION, *LEARNED)}
     fitted_s = time.perf_counter() - started
@@ -213,11 +241,14 @@ def main() -> None:
     result = {
         "benchmark": "ope_simulation",
         "command": "python benchmarks/ope_simulation.py " + " ".join(sys.argv[1:]),
-        "table": "RouteLLM GSM8K (datasets/routellm), 1307 queries × 2 workers, prices configs/prices/routellm-2024.yaml",
+        "table": ROUTELLM_TABLE if args.table is None else
+        f"{args.table}, {len(data)} queries × {len(data.workers)} workers, prices {args.prices}",
         "workers": list(data.workers), "n_queries": len(data), "queries_per_log": len(data),
         "logs_per_epsilon": args.logs, "epsilons": args.epsilons, "n_boot": args.n_boot, "confidence": 0.95,
         "champion": CHAMPION, "cost_weight": lam,
         "champion_gpt4_share": float(pols["champion (greedy)"][0][:, int(np.argmax(mean_cost))].mean()),
+        "champion_share_past_cheapest": float(1 - pols["champion (greedy)"][0][:, int(np.argmin(mean_cost))].mean()),
+        "champion_worker_shares": dict(zip(data.workers, pols["champion (greedy)"][0].mean(axis=0).round(4).tolist())),
         "policies_truth_on_table": full,
         "summary": summary,
         "per_policy_at_0.1": per_policy(records, 0.1) if 0.1 in args.epsilons else [],
@@ -227,7 +258,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    plot(summary, out.with_suffix(".png"))
+    plot(summary, out.with_suffix(".png"), "RouteLLM GSM8K" if args.table is None else Path(args.table).name)
     for r in summary:
         if r["metric"] == "accuracy":
             print(f"ε={r['epsilon']:<5} {r['estimator']:<10} bias={r['bias']:+.4f} rmse={r['rmse']:.4f} "

@@ -55,8 +55,9 @@ from routerops.layout import Layout  # noqa: E402
 from routerops.metrics import paired_bootstrap_diff  # noqa: E402
 from routerops.report import to_markdown  # noqa: E402
 from stages.orchestra import (  # noqa: E402
-    CONTROLLER_NAME, OrchestraRun, controller_rollouts, load_controller, load_run, rl, rollout_run_id, run_inputs,
+    CONTROLLER_NAME, OrchestraRun, controller_rollouts, load_controller, load_run, rollout_run_id, run_inputs,
 )
+from stages.orchestra.rl import rl  # noqa: E402
 
 log = logging.getLogger("orchestra_rl_variants")
 VARIANTS = ("grpo", "tree_grpo", "mt_grpo", "agentic_grpo")

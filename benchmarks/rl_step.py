@@ -3,7 +3,7 @@ GRPOTrainer, on the same model (SmolLM2-135M-Instruct, params.yaml's orchestra.m
 (r, alpha, every projection), group size G, prompt length and completion length, in one run.
 
 Three sides, each in one run:
-- ours: what the orchestra-rl stage does per step (stages/orchestra.py:rl_step) minus the executor and
+- ours: what the orchestra-rl stage does per step (stages/orchestra/rl_groups.py:rl_step) minus the executor and
   workers: G completions of the prompt sampled through the stage's FastSampler (models/orchestrator/
   sampler.py: merged adapter, KV cache, the shared prompt prefilled once; re-synced to the adapter
   before each step, as the stage does), then the RolloutBatch

@@ -32,7 +32,7 @@ class Stage:
 
 MAIN = "routerops.config:load_params"
 MT = "stages.mtrouter:load_run"
-ORCH = "stages.orchestra:load_run"
+ORCH = "stages.orchestra.config:load_run"
 
 STAGES: dict[str, Stage] = {
     "materialise": Stage("stages.pipeline:materialise", MAIN, lambda L: ()),
@@ -59,18 +59,18 @@ STAGES: dict[str, Stage] = {
                                lambda L: (L.mtrouter_tasks, L.mtrouter_train, L.mtrouter_reports / "evaluation.csv")),
     "mtrouter-track": Stage("stages.track:mtrouter_track", MT,
                             lambda L: (L.mtrouter_reports / "registry.json",)),
-    "orchestra-tasks": Stage("stages.orchestra:tasks", ORCH, lambda L: ()),
-    "orchestra-teacher": Stage("stages.orchestra:teacher", ORCH, lambda L: (L.orchestra_tasks,)),
-    "orchestra-filter": Stage("stages.orchestra:verifier_filter", ORCH,
+    "orchestra-tasks": Stage("stages.orchestra.data:tasks", ORCH, lambda L: ()),
+    "orchestra-teacher": Stage("stages.orchestra.teacher:teacher", ORCH, lambda L: (L.orchestra_tasks,)),
+    "orchestra-filter": Stage("stages.orchestra.sft:verifier_filter", ORCH,
                               lambda L: (L.orchestra_tasks, L.orchestra_teacher, L.orchestra_probe)),
-    "orchestra-baselines": Stage("stages.orchestra:baselines", ORCH, lambda L: (L.orchestra_tasks,)),
-    "orchestra-probe": Stage("stages.orchestra:probe", ORCH, lambda L: (L.orchestra_tasks,)),
-    "orchestra-sft": Stage("stages.orchestra:sft", ORCH, lambda L: (L.orchestra_sft,)),
-    "orchestra-rl": Stage("stages.orchestra:rl", ORCH, lambda L: (L.orchestra_rl_tasks, L.orchestra_adapter)),
-    "orchestra-evaluate": Stage("stages.orchestra:evaluate", ORCH,
+    "orchestra-baselines": Stage("stages.orchestra.data:baselines", ORCH, lambda L: (L.orchestra_tasks,)),
+    "orchestra-probe": Stage("stages.orchestra.sft:probe", ORCH, lambda L: (L.orchestra_tasks,)),
+    "orchestra-sft": Stage("stages.orchestra.sft:sft", ORCH, lambda L: (L.orchestra_sft,)),
+    "orchestra-rl": Stage("stages.orchestra.rl:rl", ORCH, lambda L: (L.orchestra_rl_tasks, L.orchestra_adapter)),
+    "orchestra-evaluate": Stage("stages.orchestra.evaluate:evaluate", ORCH,
                                 lambda L: (L.orchestra_tasks, L.orchestra_adapter, L.orchestra_rl_adapter,
                                            L.orchestra_baselines_table)),
-    "orchestra-register": Stage("stages.orchestra:register", ORCH,
+    "orchestra-register": Stage("stages.orchestra.register:register", ORCH,
                                 lambda L: (L.orchestra_tasks, L.orchestra_rl_adapter, L.orchestra_results)),
 }
 

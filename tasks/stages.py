@@ -12,7 +12,9 @@ from prefect import task
 
 from routerops.config import Params
 from routerops.layout import Layout, Trajectories
-from stages import mtrouter, orchestra, pipeline, replay, retrain, routers, track
+from stages import mtrouter, pipeline, replay, retrain, routers, track
+from stages.orchestra import data as orchestra_data, evaluate as orchestra_evaluate, register as orchestra_register
+from stages.orchestra import rl as orchestra_rl, sft as orchestra_sft, teacher as orchestra_teacher
 from tasks.shards import run_shards_on_dask
 
 materialise_task = task(pipeline.materialise, name="materialise-suites")
@@ -43,19 +45,19 @@ mt_register_task = task(mtrouter.register, name="mtrouter-register")
 mt_track_task = task(track.mtrouter_track, name="mtrouter-track")
 
 # Rolls single workers and the random router out through live workers; a rerun resumes from the journal.
-orchestra_baselines_task = task(orchestra.baselines, name="orchestra-baselines", retries=1, retry_delay_seconds=5)
-orchestra_tasks_task = task(orchestra.tasks, name="orchestra-tasks")
+orchestra_baselines_task = task(orchestra_data.baselines, name="orchestra-baselines", retries=1, retry_delay_seconds=5)
+orchestra_tasks_task = task(orchestra_data.tasks, name="orchestra-tasks")
 # The teacher calls live workers; a rerun resumes from its journal, so a retry never duplicates an episode.
-orchestra_teacher_task = task(orchestra.teacher, name="orchestra-teacher", retries=1, retry_delay_seconds=5)
-orchestra_filter_task = task(orchestra.verifier_filter, name="orchestra-verifier-filter")
+orchestra_teacher_task = task(orchestra_teacher.teacher, name="orchestra-teacher", retries=1, retry_delay_seconds=5)
+orchestra_filter_task = task(orchestra_sft.verifier_filter, name="orchestra-verifier-filter")
 # The LM controller's rollouts call live workers and resume from their journal: a retry never duplicates.
-orchestra_probe_task = task(orchestra.probe, name="orchestra-probe", retries=1, retry_delay_seconds=5)
-orchestra_sft_task = task(orchestra.sft, name="orchestra-sft")  # resumes from its last checkpoint when rerun
+orchestra_probe_task = task(orchestra_sft.probe, name="orchestra-probe", retries=1, retry_delay_seconds=5)
+orchestra_sft_task = task(orchestra_sft.sft, name="orchestra-sft")  # resumes from its last checkpoint when rerun
 # RL rolls out through live workers and resumes from its last checkpoint; not retried (a retry would
 # redo the steps since that checkpoint with new samples, which is correct but costs their time twice).
-orchestra_rl_task = task(orchestra.rl, name="orchestra-rl")
-orchestra_evaluate_task = task(orchestra.evaluate, name="orchestra-evaluate", retries=1, retry_delay_seconds=5)
-orchestra_register_task = task(orchestra.register, name="orchestra-register")
+orchestra_rl_task = task(orchestra_rl.rl, name="orchestra-rl")
+orchestra_evaluate_task = task(orchestra_evaluate.evaluate, name="orchestra-evaluate", retries=1, retry_delay_seconds=5)
+orchestra_register_task = task(orchestra_register.register, name="orchestra-register")
 
 retrain_in_force_task = task(retrain.in_force, name="retrain-in-force")
 retrain_retire_task = task(retrain.retire, name="retrain-retire-champions")

@@ -88,7 +88,7 @@ def _errors(value: Any) -> list[dict]:
     return json.loads(value) if isinstance(value, str) else list(value if value is not None else [])
 
 
-STRATEGY_SEPARATOR = "#"  # run id = <collection run id>#<strategy name> (stages/orchestra.py)
+STRATEGY_SEPARATOR = "#"  # run id = <collection run id>#<strategy name> (stages/orchestra/)
 
 
 def strategy_of(run_id: str) -> str:

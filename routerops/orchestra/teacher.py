@@ -4,7 +4,7 @@ Uno-Orchestra distils a strong teacher orchestrator (004 §4, App. A.4, F.3: a f
 plans whose subtasks run on real workers). The embedded pool has no such model, so this teacher
 *searches* instead: for every task it writes a few candidate trajectories from templates, runs each
 through the real executor and workers (observations are runtime outputs, never simulated), and the
-verifier filter (stages/orchestra.py) keeps what the task's verifier accepts. At paper scale the
+verifier filter (stages/orchestra/sft.py) keeps what the task's verifier accepts. At paper scale the
 teacher is an LLM endpoint instead (configs/paper/orchestra.yaml); its turns go through the same
 executor.
 

@@ -40,3 +40,14 @@ def test_simulated_logs_give_every_estimate_its_truth_and_the_summary_its_covera
     summary = bench.summarise(records)
     assert {s["estimator"] for s in summary} == {"ips", "snips", "dr", "dr_fitted"}
     assert all(0 <= s["coverage"] <= 1 and s["rmse"] >= 0 and s["logs"] == 3 for s in summary)
+
+
+def test_k_worker_lambda_sends_half_the_queries_past_the_cheapest_worker(bench):
+    """The demo grid has K = 4 workers: λ is found by bisection on the share past the cheapest one."""
+    rng = np.random.default_rng(1)
+    quality = rng.random((400, 4))
+    mean_cost = np.array([1e-5, 4e-4, 2e-4, 1e-3])
+    lam = bench.half_strong_lambda(quality, mean_cost)
+    share = (bench.greedy(quality, mean_cost, lam) != 0).mean()
+    assert abs(share - 0.5) <= 0.01
+    assert (bench.greedy(quality, mean_cost, lam * 2) != 0).mean() < share  # dearer λ: fewer escalations

@@ -1,4 +1,4 @@
-"""The orchestra stages in temp dirs (stages/orchestra.py)."""
+"""The orchestra stages in temp dirs (stages/orchestra/)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,8 @@ def test_baselines_stage_with_the_real_server_reports_test_and_ood_without_train
 @pytest.mark.slow
 def test_an_llm_teacher_writes_its_own_turns_through_its_endpoint_priced_as_its_worker(tmp_path):
     from routerops.orchestra.curriculum import strategy_of
-    from stages.orchestra import OrchestraTeacher, teacher
+    from stages.orchestra import OrchestraTeacher
+    from stages.orchestra.teacher import teacher
 
     # The embedded pool's smol-direct stands in for the paper's strong teacher: the path is the same.
     run = OrchestraRun(pool=str(REPO / "configs/pool.yaml"), price_book=str(REPO / "configs/prices/current.yaml"),

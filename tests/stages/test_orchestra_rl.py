@@ -1,4 +1,4 @@
-"""The orchestra-rl stage (stages/orchestra.py `rl`): Agentic-GRPO from an SFT adapter, at the smallest
+"""The orchestra-rl stage (stages/orchestra/rl.py): Agentic-GRPO from an SFT adapter, at the smallest
 scale, with the real llama.cpp workers and the real SmolLM2 controller."""
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def test_rl_stage_trains_the_sft_adapter_on_train_rollouts_tracks_every_step_and
     from evaluation.tracking import dvc_md5
     from models.orchestrator.lm import base_model_folder
     from models.orchestrator.sft import train_sft
-    from stages.orchestra import lm_config, rl
+    from stages.orchestra import lm_config
+    from stages.orchestra.rl import rl
 
     torch.set_num_threads(2)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
@@ -144,7 +145,8 @@ def test_mt_grpo_runs_end_to_end_in_the_stage_blind_and_with_the_worker_cache(tm
 
     from models.orchestrator.lm import base_model_folder
     from models.orchestrator.sft import train_sft
-    from stages.orchestra import lm_config, rl
+    from stages.orchestra import lm_config
+    from stages.orchestra.rl import rl
 
     torch.set_num_threads(2)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")

@@ -1,0 +1,106 @@
+"""The pool's workers and the LM controller's rollouts through the real executor, shared by the
+teacher, probe, evaluation and RL stages."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from pathlib import Path
+
+from evaluation.baselines import (
+    baseline_run_id,
+)
+from models.orchestrator.sampler import load_controller_engine
+from routerops.errors import InputError
+from routerops.layout import Layout
+from routerops.orchestra.curriculum import (
+    collect_episodes,
+)
+from routerops.orchestra.executor import Executor, ExecutorConfig
+from routerops.pricing import check_pool_priced, load_pool, load_price_book
+from routerops.workers import build_workers, check_pool_runnable
+from routerops.workers.cache import WorkerCache
+from routerops.workers.server import local_llm_server
+from stages.orchestra.config import CONTROLLER_NAME, OrchestraRun, lm_config
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _workers(pool, server_ctx: int, server_threads: int):
+    """The pool's workers, with the local llama.cpp server up while they are used if the pool needs it."""
+    uses_local = any(w.endpoint == "local" for w in pool.workers if w.kind == "llm")
+    server = local_llm_server(n_ctx=server_ctx, n_threads=server_threads) if uses_local else None
+    with server or contextlib.nullcontext() as base_url:
+        yield build_workers(pool, base_url)
+
+
+async def close_workers(workers) -> None:
+    for worker in workers.values():
+        if hasattr(worker, "aclose"):
+            await worker.aclose()
+
+
+def load_controller(run: OrchestraRun, layout: Layout, adapter: Path | None = None,
+                    version: str | None = None):
+    """The LM controller, priced as `orchestrator` (configs/prices): π(0) without an adapter, the SFT'd
+    or RL'd controller with one; `version` (base / sft / rl) tells their episodes apart."""
+    config = lm_config(run, layout.resolve("params.yaml"))
+    return load_controller_engine(config.model, config.controller, adapter, layout.model_cache, name=CONTROLLER_NAME,
+                                  version=version or ("base" if adapter is None else "sft"))
+
+
+def rollout_run_id(run: OrchestraRun, layout: Layout, stage: str, inputs: list[Path]) -> str:
+    """A run id that changes with what the episodes depend on (tasks, pool, prices, weights, limits), so
+    a rerun after any of them changed never reuses an old journal line."""
+    lm = lm_config(run, layout.resolve("params.yaml"))
+    settings = {"budget_usd": run.budget_usd, "turn_limit": run.turn_limit, "prompt": run.prompt, "evaluation": dataclasses.asdict(run.evaluation),
+                "model": dataclasses.asdict(lm.model), "controller": dataclasses.asdict(lm.controller)}
+    if run.anonymize_workers:  # other labels, other episodes (absent when off: earlier run ids stay valid)
+        settings["anonymize_workers"] = True
+    return f"{stage}-{baseline_run_id(inputs, settings)}"
+
+
+def controller_rollouts(run: OrchestraRun, layout: Layout, batches: list, out_dir: Path):
+    """Episodes of each (controller, tasks, run id) batch through the real executor and workers, one
+    lockstep batch per controller (one generate call per round), resumable from out_dir's journal."""
+    pool_file, book_file = layout.resolve(run.pool), layout.resolve(run.price_book)
+    pool, book = load_pool(pool_file), load_price_book(book_file)
+    check_pool_priced(pool, book, book_file)
+    check_pool_runnable(pool)
+    cfg = run.evaluation
+    max_tokens = lm_config(run, layout.resolve("params.yaml")).controller.max_new_tokens
+    config = ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit, controller_max_tokens=max_tokens,
+                            end_on_malformed=cfg.end_on_malformed, prompt=run.prompt,
+                            anonymize_models=run.anonymize_workers)
+    cache = worker_cache(run, layout)
+    with _workers(pool, cfg.server_ctx, cfg.server_threads) as workers:
+        async def collect():
+            try:
+                return await collect_episodes(Executor(pool, workers, book, config, cache=cache), batches, out_dir,
+                                              seed=cfg.seed)
+            finally:
+                await close_workers(workers)
+
+        collected = asyncio.run(collect())
+    if cache is not None:
+        log.info("worker cache %s: %s", cache.path, cache.stats.snapshot())
+    return collected
+
+
+def worker_cache(run: OrchestraRun, layout: Layout) -> WorkerCache | None:
+    """The deterministic workers' cache of this layout, if orchestra.worker_cache is on."""
+    return WorkerCache(layout.worker_cache) if run.worker_cache else None
+
+
+def tasks_of(task_list: list, splits: list[str], source: Path) -> list:
+    chosen = [t for t in task_list if t.split in splits]
+    if not chosen:
+        raise InputError(source, "split", f"no task in the splits {splits}")
+    return chosen
+
+
+def run_inputs(run: OrchestraRun, layout: Layout, *paths: Path) -> list[Path]:
+    return [*paths, layout.resolve(run.pool), layout.resolve(run.price_book)]
