@@ -101,7 +101,7 @@ def log_pipeline_runs(cfg: TrackConfig, manifest_dir: Path, stage_order: list[st
                       run_name: str = "pipeline", tags: dict[str, str] | None = None) -> dict[str, str]:
     """Log the manifests of `stage_order` present in `manifest_dir`, in that order, under one parent
     run (tagged with `tags`); a stage that left several manifests (e.g. one per ablation,
-    `mt-ablation-full.json`) logs each. The parent also lists every stage's inputs as its datasets:
+    `mtrouter-ablations-full.json`) logs each. The parent also lists every stage's inputs as its datasets:
     the runs table shows parents by default, and comparing two pipelines starts there."""
     use_tracking(cfg)
     commit = git_commit()

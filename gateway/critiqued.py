@@ -19,29 +19,26 @@ import asyncio
 import hashlib
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi.responses import JSONResponse
 
 from gateway.errors import RequestError
-from gateway.orchestrated import chat_task, failed_record
+from gateway.champion import Champion
+from gateway.orchestrated import GatewayServices, chat_task, failed_record
 from gateway.store import BudgetRefused, KeyInfo
 from routerops.rollout import prompt_token_bound
 from routerops.workers.llm import chat_request
 
-if TYPE_CHECKING:
-    from gateway.app import Gateway
-    from gateway.champion import Champion
-
 DEFAULT_MAX_TOKENS = 512
 
 
-def worst_case_usd(gw: "Gateway", workers: list[str], messages: list[dict[str, Any]], max_tokens: int) -> float:
+def worst_case_usd(gw: GatewayServices, workers: list[str], messages: list[dict[str, Any]], max_tokens: int) -> float:
     prompt = prompt_token_bound(messages)
     return sum(max(gw.book.cost(w, prompt, max_tokens, c) for c in (0, prompt)) for w in workers)
 
 
-async def answer_critiqued(gw: "Gateway", key: KeyInfo, body: dict[str, Any], champion: "Champion",
+async def answer_critiqued(gw: GatewayServices, key: KeyInfo, body: dict[str, Any], champion: Champion,
                            messages: list[dict[str, Any]], request_budget: float):
     served = champion.router
     task = chat_task(messages)

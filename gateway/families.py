@@ -20,7 +20,6 @@ decision, fallback order and explanation, whatever the family.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -28,7 +27,7 @@ import numpy as np
 from evaluation.mtrouter_serving import STOP_CHOICE, ServedMTRouter
 from evaluation.servable import cap_text
 from evaluation.serving import ServedRouter
-from gateway.routing import content_text, flatten_messages
+from gateway.routing import Estimate, content_text, flatten_messages
 from models.mtrouter.history import Interaction, pair_block, task_block
 from routerops.errors import InputError
 
@@ -88,16 +87,6 @@ def chat_episode(messages: list[dict[str, Any]]) -> tuple[str, list[Interaction]
                                "has no user message before its first assistant turn")
     # The newest characters of u_i and o_{i+1}, as §3.2's truncation keeps the newest tokens.
     return cap_text(task), [Interaction(cap_text(u, "tail"), cap_text("\n".join(o), "tail")) for u, o in pairs]
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """One family's reading of a request: each worker's quality, or why the router declines."""
-
-    workers: list[str]
-    quality: np.ndarray  # per worker, in `workers` order; NaN where the router gave no score
-    query: str  # the text the decision's query id hashes
-    stop: str = ""  # why the router itself stops (MTRouter's STOP), "" when it routes
 
 
 class Scorer(Protocol):

@@ -28,25 +28,36 @@ import logging
 import math
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from gateway.champion import Champion
 from gateway.errors import RequestError
 from gateway.families import content_text
-from gateway.store import BudgetRefused, KeyInfo
+from gateway.store import BudgetRefused, KeyInfo, Store
 from routerops import schema
 from routerops.orchestra.executor import EpisodeResult, Executor, ExecutorConfig, opening, worker_labels
-from routerops.pricing import Pool
+from routerops.pricing import Pool, PriceBook
 from routerops.rollout import prompt_token_bound
 from routerops.types import Task
 
-if TYPE_CHECKING:
-    from gateway.app import Gateway
-    from gateway.champion import Champion
-
 log = logging.getLogger(__name__)
 SUITE, SPLIT = "gateway", "serve"  # the episode's task is a live request: no suite, no reference answer
+
+
+class GatewayServices(Protocol):
+    """What the orchestrated and critiqued answers use of gateway/app.py's Gateway, named here so that
+    neither module imports the app, which imports them."""
+
+    cfg: Any  # gateway.app.GatewayConfig
+    pool: Pool
+    book: PriceBook
+    store: Store
+
+    def orchestra_runner(self, champion: Champion) -> "OrchestraRunner": ...
+
+    async def post_chat(self, worker: str, request: dict[str, Any]) -> dict[str, Any]: ...
 
 
 def chat_task(messages: list[dict[str, Any]]) -> str:
@@ -100,7 +111,7 @@ class OrchestraRunner:
 # ---------------------------------------------------------------- one request
 
 
-async def answer_orchestrated(gw: Gateway, key: KeyInfo, body: dict[str, Any], champion: Champion,
+async def answer_orchestrated(gw: GatewayServices, key: KeyInfo, body: dict[str, Any], champion: Champion,
                               messages: list[dict[str, Any]], request_budget: float):
     """Reserve the episode's worst case, run it, settle the real cost, log it, answer (module docstring)."""
     task = chat_task(messages)

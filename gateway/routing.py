@@ -30,7 +30,7 @@ import random
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -38,8 +38,17 @@ from evaluation.servable import cap_text
 from gateway.parsing import MEDIA_PARTS
 from routerops.pricing import PriceBook
 
-if TYPE_CHECKING:
-    from gateway.families import Estimate
+
+@dataclass(frozen=True)
+class Estimate:
+    """One router family's reading of a request (gateway/families.py makes them): each worker's
+    quality, or why the router declines."""
+
+    workers: list[str]
+    quality: np.ndarray  # per worker, in `workers` order; NaN where the router gave no score
+    query: str  # the text the decision's query id hashes
+    stop: str = ""  # why the router itself stops (MTRouter's STOP), "" when it routes
+
 
 TEMPLATE_TOKENS_PER_MESSAGE = 8  # role markers and separators of a chat template
 TEMPLATE_TOKENS_FIXED = 16  # the generation prompt and BOS

@@ -149,7 +149,7 @@ def collect(run: MTRouterRun, layout: Layout) -> tuple[Path, Trajectories]:
     write_tasks(tasks, layout.mtrouter_tasks)
     train = [t for t in tasks if t.split in ("train", "val")]
     episodes, turns = rollouts(run, train, behaviour_policies(llm_pool(run)), layout.mtrouter_train.folder)
-    write_manifest(layout.mtrouter_manifests, "mt-collect", run, [Path(run.pool), Path(run.price_book)],
+    write_manifest(layout.mtrouter_manifests, "mtrouter-collect", run, [Path(run.pool), Path(run.price_book)],
                    [layout.mtrouter_tasks, *layout.mtrouter_train.paths()],
                    {"episodes": len(episodes), "turns": len(turns), "tasks": len(tasks)})
     return layout.mtrouter_tasks, layout.mtrouter_train
@@ -268,7 +268,7 @@ def ablations(run: MTRouterRun, layout: Layout, tasks: Path, train: Trajectories
     rows = []
     for name in run.ablations:
         metrics = ablation_metrics(run, name, episodes, turns, by_id)
-        write_manifest(layout.mtrouter_manifests, f"mt-ablation:{name}",
+        write_manifest(layout.mtrouter_manifests, f"mtrouter-ablations:{name}",
                        {"ablation": name, **{k: str(v) for k, v in ABLATIONS[name].items()}},
                        [tasks, *train.paths()], [], metrics)
         rows.append({"ablation": name, **metrics})
@@ -295,7 +295,7 @@ def evaluate(run: MTRouterRun, layout: Layout, tasks: Path, train: Trajectories)
     for row in table.itertuples():
         key = f"{row.policy}/{row.split}".replace(":", "_")
         metrics.update({f"score_mean/{key}": row.score_mean, f"usd_mean/{key}": row.usd_mean})
-    write_manifest(layout.mtrouter_manifests, "mt-evaluate", run, [tasks, *train.paths()],
+    write_manifest(layout.mtrouter_manifests, "mtrouter-evaluate", run, [tasks, *train.paths()],
                    [out / "evaluation.csv", *layout.mtrouter_eval.paths()], metrics,
                    artifacts=[out / "evaluation.md"])
     return out / "evaluation.csv"
@@ -325,7 +325,7 @@ def analyses_stage(run: MTRouterRun, layout: Layout, evaluation: Path) -> Path:
         frame.to_csv(out / f"{name}.csv", index=False)
         plot(frame, out / f"{name}.png")
         written += [out / f"{name}.csv", out / f"{name}.png"]
-    write_manifest(layout.mtrouter_manifests, "mt-analyses", {}, [evaluation, *layout.mtrouter_eval.paths()],
+    write_manifest(layout.mtrouter_manifests, "mtrouter-analyses", {}, [evaluation, *layout.mtrouter_eval.paths()],
                    written, {}, artifacts=written)
     return out
 
@@ -390,7 +390,7 @@ def register(run: MTRouterRun, layout: Layout, tasks: Path, train: Trajectories,
                "run_id": registered.run_id, "decision": decision.to_dict()}
     report = layout.mtrouter_reports / "registry.json"
     schema.write_json_atomic(summary, report)
-    write_manifest(layout.mtrouter_manifests, "mt-register", {"gate": dataclasses.asdict(gate_config(run))},
+    write_manifest(layout.mtrouter_manifests, "mtrouter-register", {"gate": dataclasses.asdict(gate_config(run))},
                    [evaluation, tasks], [report], {"promoted": float(decision.promote), **metrics})
     log.info("%s v%s: %s — %s", registered.name, registered.version,
              "promoted" if decision.promote else "refused", decision.reason)

@@ -12,7 +12,7 @@ from routerops.layout import Layout
 from stages.routers import inputs_in_force
 
 PIPELINE_STAGES = ["materialise", "collect", "reprice", "validate", "evaluate", "grid", "routers", "register", "replay"]
-MTROUTER_STAGES = ["mt-collect", "mt-ablation", "mt-evaluate", "mt-analyses", "mt-register"]
+MTROUTER_STAGES = ["mtrouter-collect", "mtrouter-ablations", "mtrouter-evaluate", "mtrouter-analyses", "mtrouter-register"]
 
 
 def track(params: Params, layout: Layout, *upstream: Path) -> Path:

@@ -23,7 +23,7 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -37,8 +37,9 @@ from routerops import schema
 from routerops.errors import InputError
 from routerops.pricing import Pool, Price, PriceBook, WorkerSpec
 
-if TYPE_CHECKING:  # router.py imports this module to save and load itself
-    from models.mtrouter.router import MTRouter
+# models/mtrouter/router.py's MTRouter, which imports this module to save and load itself: named by a
+# type variable, not imported, so the two modules form no import circle.
+Router = TypeVar("Router")
 
 ROUTER_FORMAT = 1
 META_FILE, WEIGHTS_FILE, ARRAYS_FILE = "mtrouter.json", "estimator.pt", "arrays.npz"
@@ -88,7 +89,7 @@ def _estimator_state(estimator) -> tuple[dict, dict[str, np.ndarray], list[dict]
     return scalars, arrays, states
 
 
-def save_router(router: "MTRouter", directory: str | Path) -> Path:
+def save_router(router: Any, directory: str | Path) -> Path:
     """Write a fitted router to `directory`, replacing what is there only once the new one is complete."""
     if router.estimator is None:
         raise RuntimeError("MTRouter.save before fit()")
@@ -160,7 +161,7 @@ def _estimator(meta: dict, arrays, states: list[dict], table, cfg: MTRouterConfi
     return estimator
 
 
-def load_router(router_class: type["MTRouter"], directory: str | Path, history_encoder=None) -> "MTRouter":
+def load_router(router_class: type[Router], directory: str | Path, history_encoder=None) -> Router:
     """A router saved by `save_router`. φ is rebuilt from the config (no disk cache: a served model
     writes nothing) unless `history_encoder` is given; it must have the width the router was fit on."""
     directory = Path(directory)

@@ -67,8 +67,8 @@ def test_mtrouter_flow_end_to_end(workdir):
 
     runs = mlflow.search_runs(experiment_names=["mtrouter-flow-test"])
     children = runs[runs["tags.mlflow.parentRunId"] == run_ids["pipeline"]]
-    assert {"mt-collect", "mt-ablation:full", "mt-ablation:ridge", "mt-evaluate", "mt-analyses",
-            "mt-register"} <= set(children["tags.mlflow.runName"])
+    assert {"mtrouter-collect", "mtrouter-ablations:full", "mtrouter-ablations:ridge", "mtrouter-evaluate",
+            "mtrouter-analyses", "mtrouter-register"} <= set(children["tags.mlflow.runName"])
     assert {"register mtrouter-scienceworld", "promotion-gate mtrouter-scienceworld v1"} <= set(runs["tags.mlflow.runName"])
 
     client = mlflow.MlflowClient()
