@@ -1,11 +1,20 @@
-"""params.yaml → typed, documented config dataclasses; unknown keys are rejected, not ignored."""
+"""params.yaml → typed, documented config dataclasses; unknown keys are rejected, not ignored.
+
+The sections stay plain frozen dataclasses (`dataclasses.replace` / `asdict` work on them everywhere);
+`load_section` is the one loader, and pydantic does the checking: every key known, every value of its
+field's type (an int is a valid float, a YAML list a tuple), the error naming the file and the key.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+import pydantic
 
 from routerops.errors import InputError
 from routerops.files import read_yaml_mapping
@@ -134,24 +143,41 @@ class Params:
     critique_lm: dict = field(default_factory=dict)
 
 
-def _build(cls: type, raw: Any, path: Path, where: str) -> Any:
+FORBID_UNKNOWN_KEYS = pydantic.ConfigDict(extra="forbid")
+
+
+def _forbid_unknown_keys(cls: type) -> None:
+    """`cls` and every config dataclass it nests reject keys they do not declare (pydantic reads a
+    stdlib dataclass's `__pydantic_config__`; without it, unknown keys would be dropped silently)."""
+    if "__pydantic_config__" not in cls.__dict__:
+        cls.__pydantic_config__ = FORBID_UNKNOWN_KEYS
+    for hint in typing.get_type_hints(cls).values():
+        if dataclasses.is_dataclass(hint):
+            _forbid_unknown_keys(hint)
+
+
+@functools.cache
+def _validator(cls: type) -> pydantic.TypeAdapter:
+    _forbid_unknown_keys(cls)
+    return pydantic.TypeAdapter(cls)
+
+
+def load_section(cls: type, raw: Any, source: str | Path, where: str = "") -> Any:
+    """The config dataclass `cls` from the YAML mapping at `where` (e.g. "orchestra") of file `source`.
+    A key left empty in YAML (`section:` with nothing under it) takes its default. Unknown keys and
+    values of the wrong type raise InputError naming the file and the dotted key."""
     if raw is None:
-        return cls()
-    if not isinstance(raw, dict):
-        raise InputError(path, where, "expected a mapping")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise InputError(path, f"{where}.{unknown[0]}" if where else unknown[0], "unknown key")
-    values = {}
-    for name, value in raw.items():
-        ftype = fields[name].type
-        nested = globals().get(ftype) if isinstance(ftype, str) else None
-        if nested is not None and dataclasses.is_dataclass(nested):
-            values[name] = _build(nested, value, path, f"{where}.{name}" if where else name)
-        else:
-            values[name] = value
-    return cls(**values)
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise InputError(source, where or "(top level)", f"expected a mapping, got {type(raw).__name__}")
+    try:
+        return _validator(cls).validate_python({k: v for k, v in raw.items() if v is not None})
+    except pydantic.ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        key = ".".join(str(part) for part in ([where] if where else []) + list(first["loc"]))
+        if first["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+            raise InputError(source, key, "unknown key") from None
+        raise InputError(source, key, f"{first['msg'].lower()}, got {first['input']!r}") from None
 
 
 def checked_value(name: str, value: Any, default: Any, source: str) -> Any:
@@ -204,4 +230,4 @@ def load_params(path: str | Path = "params.yaml", sections: tuple[str, ...] | No
     raw = read_yaml_mapping(path)
     if sections is not None:
         raw = {k: v for k, v in raw.items() if k in sections}
-    return _build(Params, raw, path, "")
+    return load_section(Params, raw, path)

@@ -29,7 +29,7 @@ from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.router import MTRouter
 from models.mtrouter.targets import turn_targets
 from routerops import analyses, schema
-from routerops.config import TrackConfig, load_params
+from routerops.config import TrackConfig, load_params, load_section
 from routerops.envs.scienceworld_env import ScienceWorldEnvironment, action_category, scienceworld_tasks
 from routerops.envs.suites import read_tasks, write_tasks
 from routerops.errors import InputError
@@ -84,13 +84,10 @@ class MTRouterRun:
 
 def load_run(path: str | Path = "params.yaml") -> MTRouterRun:
     raw = read_yaml_mapping(path).get("mtrouter", {}) or {}
-    if not isinstance(raw, dict):
-        raise InputError(path, "mtrouter", f"expected a mapping of settings, got {type(raw).__name__}")
-    allowed = {f.name for f in dataclasses.fields(MTRouterRun)} - {"track"}  # `track` is its own section
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise InputError(path, f"mtrouter.{unknown[0]}", "unknown key")
-    return MTRouterRun(**raw, track=load_params(path, sections=("track",)).track)
+    if isinstance(raw, dict) and "track" in raw:
+        raise InputError(path, "mtrouter.track", "unknown key (tracking is the top-level `track` section)")
+    run = load_section(MTRouterRun, raw, path, "mtrouter")
+    return dataclasses.replace(run, track=load_params(path, sections=("track",)).track)
 
 
 def check_run(run: MTRouterRun) -> None:

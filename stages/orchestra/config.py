@@ -11,7 +11,7 @@ from pathlib import Path
 from models.orchestrator.config import OrchestraConfig, orchestra_config
 from models.orchestrator.lm import resolve_device
 from models.orchestrator.rl import rl_config
-from routerops.config import TrackConfig, load_params
+from routerops.config import TrackConfig, load_params, load_section
 from routerops.errors import InputError
 from routerops.files import read_yaml_mapping
 from routerops.layout import Layout
@@ -137,7 +137,7 @@ def load_run(path: str | Path = "params.yaml") -> OrchestraRun:
     raw = read_yaml_mapping(path).get("orchestra", {}) or {}
     if isinstance(raw, dict) and "track" in raw:
         raise InputError(path, "orchestra.track", "unknown key (tracking is the top-level `track` section)")
-    run = _build(OrchestraRun, raw, path, "orchestra")
+    run = load_section(OrchestraRun, raw, path, "orchestra")
     for name in ("anonymize_workers", "worker_cache"):
         if not isinstance(getattr(run, name), bool):
             raise InputError(path, f"orchestra.{name}", f"expected true or false, got {getattr(run, name)!r}")
@@ -182,17 +182,3 @@ def check_teacher(cfg: OrchestraTeacher, pool, pool_file: Path, params: Path) ->
 def lm_config(run: OrchestraRun, source: str | Path = "params.yaml") -> OrchestraConfig:
     """The controller model, decoding and SFT settings of the run."""
     return orchestra_config({"model": run.model, "controller": run.controller, "sft": run.sft}, source=str(source))
-
-
-def _build(cls, raw, path, where: str):
-    if not isinstance(raw, dict):
-        raise InputError(path, where, f"expected a mapping, got {type(raw).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise InputError(path, f"{where}.{unknown[0]}", "unknown key")
-    values = {}
-    for name, value in raw.items():
-        default = fields[name].default_factory() if fields[name].default_factory is not dataclasses.MISSING else None
-        values[name] = _build(type(default), value, path, f"{where}.{name}") if dataclasses.is_dataclass(default) else value
-    return cls(**values)
