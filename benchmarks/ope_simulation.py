@@ -52,6 +52,7 @@ from routerops.ope import BanditLog, OPEConfig, epsilon_greedy, estimate_policie
 from routerops.pricing import load_price_book  # noqa: E402
 
 CHAMPION = "logistic"
+GATE_MIN_ESS = 30.0  # `routerops ope --min-ess`'s default: the gate refuses estimates with less
 LEARNED = ("knn", "mf")
 
 
@@ -160,6 +161,10 @@ def summarise(records: list[dict]) -> list[dict]:
                      "bias": float(g.error.mean()), "rmse": float(np.sqrt((g.error ** 2).mean())),
                      "coverage": float(g.covered.mean()),
                      "worst_policy_coverage": float(per_policy.covered.mean().min()),
+                     # what the off-policy gate would judge: it refuses an estimate below --min-ess
+                     f"coverage_ess{GATE_MIN_ESS:g}": float(g[g.ess >= GATE_MIN_ESS].covered.mean())
+                     if (g.ess >= GATE_MIN_ESS).any() else None,
+                     f"share_ess{GATE_MIN_ESS:g}": float((g.ess >= GATE_MIN_ESS).mean()),
                      "mean_width": float(g.width.mean()), "mean_ess": float(g.ess.mean())})
     return rows
 
@@ -262,7 +267,8 @@ def main() -> None:
     for r in summary:
         if r["metric"] == "accuracy":
             print(f"ε={r['epsilon']:<5} {r['estimator']:<10} bias={r['bias']:+.4f} rmse={r['rmse']:.4f} "
-                  f"coverage={r['coverage']:.3f} (worst policy {r['worst_policy_coverage']:.3f})")
+                  f"coverage={r['coverage']:.3f} (worst policy {r['worst_policy_coverage']:.3f}; "
+                  f"ESS ≥ {GATE_MIN_ESS:g}: {r[f'coverage_ess{GATE_MIN_ESS:g}']} of {r[f'share_ess{GATE_MIN_ESS:g}']:.2f})")
     print(f"wrote {out} in {result['total_s']} s")
 
 
