@@ -9,7 +9,6 @@ import importlib.util
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -95,11 +94,10 @@ def test_a_missing_or_blank_query_is_an_input_error_not_the_text_none(served, qu
 
 def test_a_10_mb_query_is_routed_on_its_first_max_text_chars_and_fast(served, caplog):
     with caplog.at_level(logging.WARNING, logger="evaluation.servable"):
-        start = time.perf_counter()
         out = served.predict(pd.DataFrame({"query": [HUGE], "budget_usd": [BUDGET]}))
-        elapsed = time.perf_counter() - start
-    # Uncapped, the text statistics alone took ~1.6 s here and the encoder ~15 s.
-    assert elapsed < 1.0
+    # Uncapped, the text statistics alone took ~1.6 s and the encoder ~15 s; what keeps it fast is that
+    # only the first MAX_TEXT_CHARS are read (the same answer as the head alone, asserted below), not a
+    # wall-clock bound that a busy machine would break.
     head = served.predict(pd.DataFrame({"query": [HUGE[:MAX_TEXT_CHARS]], "budget_usd": [BUDGET]}))
     pd.testing.assert_frame_equal(out, head)
     assert "routed on their first 100000" in caplog.text
@@ -163,9 +161,7 @@ def test_mtrouter_rejects_a_missing_task(served_mt, task):
 def test_mtrouter_reads_a_huge_task_from_its_start_and_a_huge_observation_from_its_end(served_mt):
     long_obs = json.dumps([{"action": "look", "observation": HUGE}])
     capped_obs = json.dumps([{"action": "look", "observation": HUGE[-MAX_TEXT_CHARS:]}])
-    start = time.perf_counter()
     out = served_mt.predict(pd.DataFrame({"task": [HUGE, "short task"], "history": ["[]", long_obs]}))
-    assert time.perf_counter() - start < 5.0
     capped = served_mt.predict(pd.DataFrame({"task": [HUGE[:MAX_TEXT_CHARS], "short task"],
                                              "history": ["[]", capped_obs]}))
     pd.testing.assert_frame_equal(out, capped)
