@@ -1,4 +1,5 @@
-"""Command line: `routerops stage NAME` (any stage of any pipeline; what dvc.yaml runs),
+"""Command line: `routerops run PIPELINE [--set KEY=VALUE]` (a whole pipeline; stages/run_command.py),
+`routerops stage NAME` (any stage of any pipeline; what dvc.yaml runs),
 `routerops replay`, `routerops reprice`, `routerops validate`, `routerops import-qa`,
 `routerops import-routellm`, `routerops prices|pool publish FILE`, `routerops ope` (stages/ope_command.py),
 `routerops gateway serve|keys create` (gateway/cli.py).
@@ -22,6 +23,7 @@ from routerops.errors import InputError, RouteropsError
 from routerops.files import check_output
 from routerops.publishing import POOL, PRICES, published_event_name
 from stages import STAGES, resolve, run_stage
+from stages.run_command import add_run_parser
 
 
 def stage_command(args: argparse.Namespace) -> None:
@@ -106,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="routerops", description="cost-aware LLM router pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    add_run_parser(sub)
     stage = sub.add_parser("stage", help="run one stage of any pipeline (as dvc.yaml does)")
     stage.add_argument("name", choices=sorted(STAGES))
     stage.add_argument("--params", default="params.yaml", help="relative to --root")

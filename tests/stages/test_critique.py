@@ -1,5 +1,6 @@
-"""The critique stage (`routerops stage critique`, pipelines/critique/dvc.yaml) end to end on the bundled
-RouteLLM GSM8K table at the smallest scale: two folds, three training iterations."""
+"""The critique stage (pipelines/critique/dvc.yaml) end to end on the bundled RouteLLM GSM8K table at the
+smallest scale (two folds, three training iterations), run as a user would: `routerops run critique`
+with the scale given by `--set` (stages/run_command.py), params.yaml untouched."""
 
 from __future__ import annotations
 
@@ -17,16 +18,21 @@ pytestmark = pytest.mark.slow
 
 def test_the_critique_stage_reports_every_controller_out_of_fold_beside_the_replay_routers(tmp_path):
     from routerops.layout import Layout
-    from stages import run_stage
+    from stages import cli
 
     section = yaml.safe_load((REPO / "params.yaml").read_text())["critique"]
-    section.update(k=2, bootstrap=10, baselines=["random"])
-    section["grpo"]["iterations"] = section["corl"]["iterations"] = 3
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"critique": section}))
     for shared in ("datasets", "configs"):
         os.symlink(REPO / shared, tmp_path / shared)
 
-    paths = run_stage("critique", "params.yaml", tmp_path)
+    sets = ["critique.k=2", "critique.bootstrap=10", "critique.baselines=[random]", "critique.grpo.iterations=3",
+            "critique.corl.iterations=3"]
+    assert cli.main(["run", "critique", "--root", str(tmp_path), *(x for s in sets for x in ("--set", s))]) == 0
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text())["critique"] == section  # untouched
+    used = yaml.safe_load((tmp_path / ".routerops/run/critique.params.yaml").read_text())["critique"]
+    assert used["k"] == 2 and used["grpo"]["iterations"] == 3 and used["baselines"] == ["random"]
+    paths = {"results": Layout(tmp_path).critique_dir / "results.json",
+             "metrics": Layout(tmp_path).critique_dir / "metrics.json"}
 
     result = json.loads(Path(paths["results"]).read_text())
     assert result["n_queries"] == 1307 and "cross-fit" in result["protocol"]
