@@ -10,7 +10,7 @@ import copy
 
 import numpy as np
 import torch
-from scipy.special import erf
+from scipy.special import erf, expit
 from sklearn.model_selection import KFold
 from torch import nn
 
@@ -168,7 +168,8 @@ class TorchOutcomeRouter(Router):
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-z))
+    # scipy's expit: exp(-z) overflows float32 for z < -88 (a RuntimeWarning on every large logit).
+    return expit(z)
 
 
 class _MF(nn.Module):
