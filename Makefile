@@ -19,7 +19,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: install sandbox-backend demo storage test test-fast mlflow-ui serve retrain benchmarks bench-rl replay critique critique-lm mtrouter orchestra clean
+.PHONY: install sandbox-backend demo storage test test-fast mlflow-ui prefect-ui serve retrain benchmarks bench-rl replay critique critique-lm mtrouter orchestra clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,10 @@ test-fast: install
 mlflow-ui: install
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow/mlflow.db \
 		--default-artifact-root mlflow/artifacts --host 127.0.0.1 --port $${MLFLOW_PORT:-5000}
+
+# The Prefect UI over the flow runs `make demo` and the other flows left in .prefect (PREFECT_HOME).
+prefect-ui: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/prefect server start --host 127.0.0.1 --port $${PREFECT_PORT:-4200}
 
 # routerops as a team's service: a real Prefect server (or the one PREFECT_API_URL names), the cpu/gpu
 # work pools, every deployment (the retrain on its cron and on published price books / pools) and a worker.
