@@ -19,7 +19,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: install sandbox-backend demo storage test test-fast mlflow-ui serve retrain benchmarks bench-rl replay critique critique-lm mtrouter orchestra clean
+.PHONY: install sandbox-backend demo storage test test-fast mlflow-ui prefect-ui serve retrain benchmarks bench-rl replay critique critique-lm mtrouter orchestra clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +44,7 @@ sandbox-backend:
 	  fi; }
 
 demo: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.pipeline
+	PATH="$(CURDIR)/$(BIN):$$PATH" routerops run main
 
 # Point this checkout at the team's S3 store (README: "Team storage"): the endpoint from
 # ROUTEROPS_S3_ENDPOINT_URL into the git-ignored .dvc/config.local, the buckets created; keys from AWS_*.
@@ -61,6 +61,10 @@ mlflow-ui: install
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow/mlflow.db \
 		--default-artifact-root mlflow/artifacts --host 127.0.0.1 --port $${MLFLOW_PORT:-5000}
 
+# The Prefect UI over the flow runs `make demo` and the other flows left in .prefect (PREFECT_HOME).
+prefect-ui: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/prefect server start --host 127.0.0.1 --port $${PREFECT_PORT:-4200}
+
 # routerops as a team's service: a real Prefect server (or the one PREFECT_API_URL names), the cpu/gpu
 # work pools, every deployment (the retrain on its cron and on published price books / pools) and a worker.
 serve: install
@@ -68,7 +72,7 @@ serve: install
 
 # One retrain by hand, under the price book and pool in force (params.yaml: ops).
 retrain: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.retrain
+	PATH="$(CURDIR)/$(BIN):$$PATH" routerops run retrain
 
 # RouteLLM's GSM8K logged outcomes (bundled in datasets/): every router, MTRouter included, cross-fitted.
 replay: install
@@ -80,23 +84,22 @@ replay: install
 
 # Critique-and-route (paper 002) + CoRL budget modes (003) on RouteLLM's GSM8K logs (params.yaml: critique).
 critique: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" routerops stage critique
+	PATH="$(CURDIR)/$(BIN):$$PATH" routerops run critique
 
 # The LM critique-and-route / CoRL controllers (issue 24; params.yaml: critique_lm): warm-up SFT, RL through
 # the shared core, evaluation on the fixed split's test queries, then registration through the gate.
 critique-lm: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" routerops stage critique-lm
-	PATH="$(CURDIR)/$(BIN):$$PATH" routerops stage critique-lm-register
+	PATH="$(CURDIR)/$(BIN):$$PATH" routerops run critique-lm
 
 # MTRouter at small scale on ScienceWorld with the embedded pool (params.yaml: mtrouter).
 mtrouter: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.mtrouter
+	PATH="$(CURDIR)/$(BIN):$$PATH" routerops run mtrouter
 
 # The orchestrator (paper 004) at small scale: teacher → verifier filter → SFT of SmolLM2-135M → evaluate
 # before/after SFT and RL beside the baselines → register (params.yaml: orchestra). ~30 min on 2 cores before
 # the 16-step RL stage of issue 23, which adds roughly 10-15 min (not re-timed end to end).
 orchestra: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.orchestra
+	PATH="$(CURDIR)/$(BIN):$$PATH" routerops run orchestra
 
 benchmarks: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/collect_throughput.py

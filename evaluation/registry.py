@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -108,12 +109,17 @@ def register(servable: Servable, *, data_hashes: dict[str, str] | None = None,
         mlflow.log_params({k: str(v)[:500] for k, v in servable.params().items()})
         if metrics:
             mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
-        info = mlflow.pyfunc.log_model(
-            name=MODEL_ARTIFACT, loader_module="evaluation.servable",
-            data_path=str(servable.save(Path(tmp) / SAVED_DIR)), code_paths=_code_paths() if include_code else None,
-            signature=servable.signature(), input_example=servable.input_example(),
-            pip_requirements=serving_requirements(servable.needs_encoder(), extra_packages(servable)), registered_model_name=name,
-        )
+        example = servable.input_example()
+        with warnings.catch_warnings():
+            if example is None:  # MLflow advises an example; the signature is explicit (servable.py says why)
+                warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
+            info = mlflow.pyfunc.log_model(
+                name=MODEL_ARTIFACT, loader_module="evaluation.servable",
+                data_path=str(servable.save(Path(tmp) / SAVED_DIR)), code_paths=_code_paths() if include_code else None,
+                signature=servable.signature(), input_example=example,
+                pip_requirements=serving_requirements(servable.needs_encoder(), extra_packages(servable)),
+                registered_model_name=name,
+            )
     version = str(info.registered_model_version)
     client = mlflow.MlflowClient()
     for key, value in tags.items():

@@ -188,11 +188,24 @@ def _split_context(frame: pd.DataFrame, path: Path) -> tuple[str, dict[str, str]
     return (path.stem if path.stem in SPLITS else "input"), {}
 
 
+def pandas_dataset(frame: pd.DataFrame, name: str, digest: str):
+    """An MLflow dataset of `frame` with its schema read now. MLflow infers a dataset's schema with its
+    model-signature code, which hints at every integer column that "integer columns cannot represent
+    missing values at inference time": advice for a model's input, not for a logged table whose token
+    counts are integers by schema (routerops/schema.py). Read here, the schema is cached on the dataset
+    and the hint (once per table, dozens per run) is not shown."""
+    dataset = mlflow.data.from_pandas(frame, source=_local_source(name), name=name, digest=digest)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Hint: Inferred schema contains integer column", category=UserWarning)
+        dataset.schema  # noqa: B018 - a cached property: computed once, here
+    return dataset
+
+
 def table_dataset(path: Path, name: str, digest: str):
     """(dataset, context, tags) for a Parquet, JSON-lines or CSV table: schema and row count from the data."""
     frame = TABLE_READERS[path.suffix](path)
     context, tags = _split_context(frame, path)
-    dataset = mlflow.data.from_pandas(frame, source=_local_source(name), name=name, digest=digest)
+    dataset = pandas_dataset(frame, name, digest)
     return dataset, context, {"rows": str(len(frame)), **tags}
 
 
@@ -205,7 +218,7 @@ def yaml_dataset(path: Path, name: str, digest: str):
     version = {k: str(doc[k]) for k in ("version", "effective_date", "name") if isinstance(doc, dict) and k in doc}
     if isinstance(doc, dict) and isinstance(doc.get("prices"), dict):
         prices = pd.DataFrame([{"worker": w, **(p or {})} for w, p in doc["prices"].items()])
-        dataset = mlflow.data.from_pandas(prices, source=_local_source(name), name=name, digest=digest)
+        dataset = pandas_dataset(prices, name, digest)
         return dataset, "price_book", {"rows": str(len(prices)), **version}
     return MetaDataset(source=_local_source(name), name=name, digest=digest), "input", version
 

@@ -8,11 +8,13 @@ The same stages are in pipelines/mtrouter/dvc.yaml.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from prefect import flow
 
 from routerops.layout import Layout
+from routerops.runlog import run_log
 from stages.mtrouter import check_run, load_run, resolved
 from tasks.stages import (
     mt_ablations_task, mt_analyses_task, mt_collect_task, mt_evaluate_task, mt_register_task, mt_track_task,
@@ -40,7 +42,21 @@ def main() -> None:
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--root", default=".")
     args = parser.parse_args()
-    mtrouter_flow(params_file=args.params, root=args.root)
+    run_with_log(args.params, args.root)
+
+
+def run_with_log(params_file: str = "params.yaml", root: str = ".") -> Path:
+    """The flow as `make mtrouter` runs it (`routerops run mtrouter`): as `make demo`, warnings once, errors
+    and one line per stage on the console, the rest in the log file."""
+    layout = Layout(Path(root))
+    with run_log(layout.run_log("mtrouter")) as log_file:
+        try:
+            out = mtrouter_flow(params_file=params_file, root=root)
+        except BaseException:
+            print(f"\nThe mtrouter flow failed; its full log: {log_file}", file=sys.stderr)
+            raise
+    print(f"\nReports: {layout.mtrouter_reports}\nFull log of this run: {log_file}")
+    return out
 
 
 if __name__ == "__main__":

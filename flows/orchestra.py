@@ -9,11 +9,13 @@ holds the paper-scale LM settings. The same stages are in pipelines/orchestra/dv
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from prefect import flow
 
 from routerops.layout import Layout
+from routerops.runlog import run_log
 from stages.orchestra import check_run, load_run
 from tasks.stages import (
     orchestra_baselines_task, orchestra_evaluate_task, orchestra_filter_task, orchestra_probe_task,
@@ -44,7 +46,21 @@ def main() -> None:
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--root", default=".")
     args = parser.parse_args()
-    orchestra_flow(params_file=args.params, root=args.root)
+    run_with_log(args.params, args.root)
+
+
+def run_with_log(params_file: str = "params.yaml", root: str = ".") -> Path:
+    """The flow as `make orchestra` runs it (`routerops run orchestra`): as `make demo`, warnings once, errors
+    and one line per stage on the console, the rest in the log file."""
+    layout = Layout(Path(root))
+    with run_log(layout.run_log("orchestra")) as log_file:
+        try:
+            out = orchestra_flow(params_file=params_file, root=root)
+        except BaseException:
+            print(f"\nThe orchestra flow failed; its full log: {log_file}", file=sys.stderr)
+            raise
+    print(f"\nReports: {layout.orchestra_reports}\nFull log of this run: {log_file}")
+    return out
 
 
 if __name__ == "__main__":

@@ -9,14 +9,18 @@ by recording its outputs in dvc.lock (`dvc commit`), so `dvc repro` right after 
 from __future__ import annotations
 
 import argparse
+import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from prefect import flow
 
 from routerops.config import load_params
 from routerops.layout import Layout
+from routerops.run_summary import pipeline_summary
+from routerops.runlog import run_log
 from tasks.stages import (
     collect_task, evaluate_task, grid_task, materialise_task, register_task, replay_task, reprice_task, routers_task,
     track_task, validate_task,
@@ -53,7 +57,23 @@ def main() -> None:
     parser.add_argument("--root", default=".", help="where data/ and reports/ live")
     parser.add_argument("--no-dvc", action="store_true", help="do not record outputs in dvc.lock")
     args = parser.parse_args()
-    pipeline(params_file=args.params, root=args.root, record_in_dvc=not args.no_dvc)
+    run_with_summary(args.params, args.root, record_in_dvc=not args.no_dvc)
+
+
+def run_with_summary(params_file: str = "params.yaml", root: str = ".", record_in_dvc: bool = True) -> Path:
+    """The flow as `make demo` runs it (`routerops run main`): the console keeps warnings (each once),
+    errors and one line per stage; everything else goes to the log file, which the closing summary names."""
+    layout, started = Layout(Path(root)), time.monotonic()
+    with run_log(layout.run_log("pipeline")) as log_file:
+        try:
+            runs = pipeline(params_file=params_file, root=root, record_in_dvc=record_in_dvc)
+        except BaseException:
+            print(f"\nThe pipeline failed; its full log: {log_file}", file=sys.stderr)
+            raise
+        summary = pipeline_summary(layout, log_file, time.monotonic() - started)
+        logging.getLogger(__name__).info("summary\n%s", summary)
+    print("\n" + summary, end="")
+    return runs
 
 
 if __name__ == "__main__":

@@ -496,9 +496,29 @@ def _quantize_int8(fp32: Path, out: Path, reduce_range: bool = True) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    # DefaultTensorType: the fused Attention op's outputs carry no inferred type.
-    quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=True, reduce_range=reduce_range,
-                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    # ONNX Runtime warns on the root logger, on every export, that the graph was not pre-processed
+    # (shape inference and graph optimisation before *static* quantisation's calibration). This graph is
+    # quantised dynamically and its fidelity is checked against fp32 instead (BACKENDS[...].min_cosine,
+    # benchmarks/encoder_fidelity.py); pre-processing would change the vectors the caches hold.
+    hint = _DropMessage("Please consider to run pre-processing before quantization")
+    logging.getLogger().addFilter(hint)
+    try:
+        # DefaultTensorType: the fused Attention op's outputs carry no inferred type.
+        quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=True, reduce_range=reduce_range,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    finally:
+        logging.getLogger().removeFilter(hint)
+
+
+class _DropMessage(logging.Filter):
+    """Drops records whose message starts with `prefix`."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
 
 
 class OnnxSentenceModel:

@@ -103,6 +103,10 @@ class Layout:
     def mlflow_runs(self) -> Path:
         return self.reports / "mlflow_runs.json"
 
+    def run_log(self, flow: str) -> Path:
+        """The full log of the last run of `flow` started from its command line (routerops/runlog.py)."""
+        return self.reports / "logs" / f"{flow}.log"
+
     # ---- replay on real model outcomes (bundled RouteLLM GSM8K table)
     @property
     def replay_table(self) -> Path:

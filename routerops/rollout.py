@@ -32,6 +32,7 @@ from routerops.pricing import PriceBook, WorkerSpec
 from routerops.types import (
     Action, EpisodeState, Environment, Payload, Policy, Task, TurnRecord, Worker, WorkerResult,
 )
+from routerops.workers import run_closing
 
 JOURNAL_NAME = "journal.jsonl"
 # Chat-template tokens a message may add around its content (role markers, separators), and the
@@ -384,5 +385,7 @@ def write_tables(entries: list[dict[str, Any]], out_dir: Path) -> tuple[pd.DataF
 
 
 def collect_sync(*args: Any, **kwargs: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """`collect` for callers without an event loop (Prefect tasks, DVC stages, the CLI)."""
-    return asyncio.run(collect(*args, **kwargs))
+    """`collect` for callers without an event loop (Prefect tasks, DVC stages, the CLI); the workers'
+    HTTP clients are closed on the collection's own loop before it ends."""
+    workers = kwargs["workers"] if "workers" in kwargs else args[3]
+    return run_closing(collect(*args, **kwargs), workers.values())

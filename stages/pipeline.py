@@ -8,7 +8,6 @@ output hashes) that the track stage turns into one MLflow run per stage. `router
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -29,7 +28,7 @@ from routerops.pricing import check_pool_priced, derive_costs, load_pool, load_p
 from routerops.report import breakdown_by_split, evaluate_policies, write_report
 from routerops.rollout import plan_episodes
 from routerops.validation import validate_trajectories, write_validation_report
-from routerops.workers import build_workers, check_pool_runnable
+from routerops.workers import build_workers, check_pool_runnable, run_closing
 from routerops.workers.server import local_llm_server
 from stages.manifest import write_manifest
 
@@ -109,10 +108,11 @@ def collect_shard(params: Params, layout: Layout, tasks: Path, job: ShardJob) ->
     cfg = params.collect
     pool, book = load_pool(layout.resolve(params.pool.file)), load_price_book(layout.resolve(cfg.price_book))
     plan = planned_parts(params, pool, tasks, job.run_id)[job.label]
-    return asyncio.run(shards.collect_shard(
-        plan, job.shard, job.n_shards, QAEnvironment(), build_workers(pool, job.base_url), book, cfg.budget_usd,
+    workers = build_workers(pool, job.base_url)
+    return run_closing(shards.collect_shard(
+        plan, job.shard, job.n_shards, QAEnvironment(), workers, book, cfg.budget_usd,
         cfg.turn_limit, layout.journals / job.run_id / job.label, job.run_id, cfg.seed, cfg.concurrency,
-        progress=job.n_shards == 1))
+        progress=job.n_shards == 1), workers.values())
 
 
 def run_shards_here(params: Params, layout: Layout, tasks: Path, jobs: list[ShardJob]) -> None:

@@ -32,11 +32,11 @@ class Pipeline:
 
 PIPELINES = {
     "main": Pipeline("collect → validate → evaluate → routers → register → replay → track (make demo)",
-                     "routerops.config:load_params", flow="flows.pipeline:pipeline"),
+                     "routerops.config:load_params", flow="flows.pipeline:run_with_summary"),
     "mtrouter": Pipeline("MTRouter on ScienceWorld (paper 001; make mtrouter)", "stages.mtrouter:load_run",
-                         flow="flows.mtrouter:mtrouter_flow"),
+                         flow="flows.mtrouter:run_with_log"),
     "orchestra": Pipeline("the LM orchestrator: teacher → filter → SFT → RL → evaluate → register (paper 004; "
-                          "make orchestra)", "stages.orchestra.config:load_run", flow="flows.orchestra:orchestra_flow"),
+                          "make orchestra)", "stages.orchestra.config:load_run", flow="flows.orchestra:run_with_log"),
     "critique": Pipeline("critique-and-route and CoRL, MLP controllers (papers 002, 003; make critique)",
                          "models.critique.config:load_critique_config", stages=("critique",)),
     "critique-lm": Pipeline("the LM critique / CoRL controller, then registration (make critique-lm)",
@@ -125,7 +125,7 @@ def run_command(args: argparse.Namespace) -> None:
     params = params_for_run(args.name, root, args.params, args.overrides)
     check_config(pipeline, params, args.overrides)
     if pipeline.flow:
-        print(resolve(pipeline.flow)(params_file=str(params.resolve()), root=str(root)))
+        resolve(pipeline.flow)(params_file=str(params.resolve()), root=str(root))
         return
     for stage in pipeline.stages:
         print(run_stage(stage, str(params.resolve()), str(root)))

@@ -52,7 +52,11 @@ orchestra_teacher_task = task(orchestra_teacher.teacher, name="orchestra-teacher
 orchestra_filter_task = task(orchestra_sft.verifier_filter, name="orchestra-verifier-filter")
 # The LM controller's rollouts call live workers and resume from their journal: a retry never duplicates.
 orchestra_probe_task = task(orchestra_sft.probe, name="orchestra-probe", retries=1, retry_delay_seconds=5)
-orchestra_sft_task = task(orchestra_sft.sft, name="orchestra-sft")  # resumes from its last checkpoint when rerun
+# Resumes from its last checkpoint when rerun. Prints stay prints (log_prints=False, whatever the flow says):
+# TRL maps the dataset through `datasets`, whose fingerprint finds a function's globals with dill, which
+# reads `dis.dis(f)` from a captured stdout; Prefect's print-to-log patch sent the disassembly to the run's
+# log instead (~180 lines of bytecode in `make orchestra`) and left dill an empty list of globals.
+orchestra_sft_task = task(orchestra_sft.sft, name="orchestra-sft", log_prints=False)
 # RL rolls out through live workers and resumes from its last checkpoint; not retried (a retry would
 # redo the steps since that checkpoint with new samples, which is correct but costs their time twice).
 orchestra_rl_task = task(orchestra_rl.rl, name="orchestra-rl")

@@ -15,6 +15,7 @@ answer is final.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -197,8 +198,29 @@ def smollm2_token_counter(gguf_path: str | Path | None = None) -> Callable[[str]
     (vocab_only: the tokenizer without the weights; loaded once per process)."""
     from llama_cpp import Llama  # heavy: only when token counts are estimated
 
+    _llama_log_to_logger()
     model = Llama(model_path=str(gguf_path or find_smollm2_gguf()), vocab_only=True, verbose=False)
     return lambda text: len(model.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+
+@functools.lru_cache(maxsize=1)
+def _llama_log_to_logger() -> Callable:
+    """llama.cpp's own log lines go to the `llama-cpp-python` logger at DEBUG (a run's log file), not
+    to stderr. llama-cpp-python's callback maps ggml's log levels by an older numbering, so with
+    verbose=False a vocab-only load still printed a warning meant for a context that is never used
+    ("n_ctx_seq (512) > n_ctx_train (0)") in every replay stage."""
+    import ctypes
+
+    import llama_cpp
+
+    log = logging.getLogger("llama-cpp-python")
+
+    @llama_cpp.llama_log_callback
+    def to_logger(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        log.debug(text.decode("utf-8", "replace").rstrip())
+
+    llama_cpp.llama_log_set(to_logger, ctypes.c_void_p(0))
+    return to_logger  # cached, so kept alive: llama.cpp holds only a raw pointer to it
 
 
 def few_shot_prefix(train_path: str | Path, shots: int = ROUTELLM_SHOTS) -> str:

@@ -3,6 +3,10 @@ API providers); tool workers run code in a sandbox or algebra in sympy."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine, Iterable
+from typing import Any, TypeVar
+
 from routerops.errors import RouteropsError
 from routerops.pricing import Pool
 from routerops.types import Worker
@@ -10,7 +14,10 @@ from routerops.workers.llm import LLMWorker
 from routerops.workers.sandbox import SandboxUnavailable, sandbox_problem
 from routerops.workers.tools import PythonWorker, SympyWorker
 
-__all__ = ["LLMWorker", "PythonWorker", "SympyWorker", "build_workers", "check_pool_runnable"]
+__all__ = ["LLMWorker", "PythonWorker", "SympyWorker", "build_workers", "check_pool_runnable", "close_workers",
+           "run_closing"]
+
+T = TypeVar("T")
 
 
 def check_pool_runnable(pool: Pool) -> None:
@@ -42,3 +49,26 @@ def build_workers(pool: Pool, local_base_url: str | None) -> dict[str, Worker]:
         else:
             raise RouteropsError(f"worker {spec.name!r}: no implementation for kind {spec.kind!r}")
     return workers
+
+
+async def close_workers(workers: Iterable[Worker]) -> None:
+    """Close the HTTP clients the workers opened on the running loop, while it still runs. A client
+    left open is closed later by the garbage collector on whichever loop runs then (the openai SDK
+    schedules `aclose()` from `__del__`), and its connections, bound to the finished loop, fail there
+    with "RuntimeError: Event loop is closed", which asyncio logs as an ERROR with a traceback."""
+    for worker in workers:
+        if hasattr(worker, "aclose"):
+            await worker.aclose()
+
+
+def run_closing(main: Coroutine[Any, Any, T], workers: Iterable[Worker]) -> T:
+    """`asyncio.run(main)`, then the workers' clients closed on the same loop (see close_workers)."""
+    workers = list(workers)
+
+    async def body() -> T:
+        try:
+            return await main
+        finally:
+            await close_workers(workers)
+
+    return asyncio.run(body())

@@ -127,3 +127,29 @@ def test_an_input_rewritten_after_its_stage_ran_is_named_not_logged(tmp_path, mo
         mlflow.set_tracking_uri(None)
     assert [i.dataset.name for i in run.inputs.dataset_inputs] == ["data/suites/tasks.jsonl"]
     assert run.data.tags["datasets.changed"] == "configs/prices/current.yaml"
+
+
+def test_integer_columns_of_a_logged_table_raise_no_model_signature_hint(tmp_path, monkeypatch):
+    """Token counts are integers by schema; MLflow's "integer columns cannot represent missing values"
+    hint is advice for a model's input and was shown dozens of times per `make demo` (issue 26)."""
+    import warnings
+
+    from evaluation.tracking import log_dataset_inputs
+
+    monkeypatch.chdir(tmp_path)
+    table = tmp_path / "turns.parquet"
+    pd.DataFrame({"episode_id": ["e0", "e1"], "prompt_tokens": [12, 30], "completion_tokens": [4, 9]}).to_parquet(table)
+    book = tmp_path / "book.yaml"
+    book.write_text(yaml.safe_dump(PRICE_BOOK))
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        with warnings.catch_warnings(record=True) as caught, mlflow.start_run():
+            warnings.simplefilter("always")
+            logged = log_dataset_inputs([table, book])
+            inputs = mlflow.get_run(mlflow.active_run().info.run_id).inputs.dataset_inputs
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert logged == ["turns.parquet", "book.yaml"]
+    assert not [w for w in caught if "Inferred schema contains integer" in str(w.message)]
+    schema = json.loads(next(d.dataset.schema for d in inputs if d.dataset.name == "turns.parquet"))
+    assert {"name": "prompt_tokens", "type": "long", "required": True} in schema["mlflow_colspec"]

@@ -9,6 +9,7 @@ reports from a fresh clone; a price change re-runs only the cost stages, with no
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -111,13 +112,24 @@ def the_auditor_reproduces_the_committed_reports(team: Path, auditor: Path, seaw
     assert git(auditor, "status", "--porcelain", "--untracked-files=no") == ""  # dvc.lock too
 
 
-def test_flow_then_dvc_repro_then_audit_then_price_change(project, seaweedfs, tmp_path, monkeypatch):
+def test_flow_then_dvc_repro_then_audit_then_price_change(project, seaweedfs, tmp_path, monkeypatch, caplog, capsys):
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.pipeline import pipeline
+    from flows.pipeline import run_with_summary
+    from routerops.layout import Layout
+    from routerops.run_summary import pipeline_summary
 
-    with prefect_test_harness(server_startup_timeout=300):
-        run_ids = json.loads(pipeline().read_text())
+    with prefect_test_harness(server_startup_timeout=300), caplog.at_level(logging.INFO):
+        run_ids = json.loads(run_with_summary().read_text())  # what `routerops run main` (make demo) runs
+    assert "Routers on real model outcomes" in capsys.readouterr().out  # the closing summary is printed
+    # A run that speaks (issue 26): nothing logged as an error, no traceback (the collection's HTTP
+    # clients used to be closed on a dead event loop), and a summary read from what it wrote.
+    loud = [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.ERROR or r.exc_info or "Traceback" in r.getMessage()]
+    assert not loud, loud
+    summary = pipeline_summary(Layout(project))
+    assert "Routers on real model outcomes" in summary and "  logistic" in summary
+    assert "Registered router:" in summary and "reports/replay/accuracy_cost.png" in summary
 
     turns = pd.read_parquet(project / "data/raw/turns.parquet")
     llm_turns = turns[turns.worker.isin(["smol-direct", "smol-cot"])]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
+import gc
 import json
+import logging
 import math
 
 import pytest
@@ -18,6 +21,7 @@ from routerops.pricing import Price, PriceBook, WorkerSpec
 from routerops.rollout import (
     JOURNAL_NAME,
     collect,
+    collect_sync,
     prompt_token_bound,
     read_journal,
     run_episode,
@@ -334,3 +338,25 @@ async def test_a_journal_written_before_observations_resumes(tmp_path, endpoint)
     old = on_disk[on_disk["episode_id"].isin(first["episode_id"])]
     assert len(old) > 0 and (old["observation"] == "").all() and on_disk["observation"].notna().all()
 
+
+
+def test_collect_sync_closes_its_http_clients_before_its_loop_ends(tmp_path, endpoint, caplog):
+    """A client left open was closed by the garbage collector on the next loop (the flow's), where its
+    connections, bound to the finished loop, raised "Event loop is closed": an ERROR and a traceback
+    in every `make demo` (issue 26)."""
+    gc.collect()  # other tests' open clients: collected here, outside any loop, they close nowhere
+    workers = {"echo": LLMWorker(ECHO, endpoint)}
+    collect_sync(TASKS[:2], [SinglePolicy("echo")], env=QAEnvironment(), workers=workers, book=BOOK,
+                 budget_usd=1.0, turn_limit=2, out_dir=tmp_path, run_id="run-1", seed=0, concurrency=2,
+                 progress=False)
+    assert workers["echo"]._client is None  # closed, not left to the garbage collector
+
+    async def next_loop() -> None:  # what runs after the collection: a Prefect task, another stage
+        workers.clear()
+        gc.collect()
+        await asyncio.sleep(0.05)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(next_loop())
+        gc.collect()
+    assert not [r for r in caplog.records if r.name == "asyncio"], [r.getMessage() for r in caplog.records]

@@ -209,6 +209,14 @@ def test_smollm2_tokenizer_counts_real_bpe_tokens():
     assert count("") == 0 and count("Natalia sold clips to 48 of her friends") > 5
 
 
+def test_loading_the_tokenizer_prints_nothing(capfd):
+    """llama.cpp's log goes to a logger: a vocab-only load printed a context warning in every replay."""
+    smollm2_token_counter.cache_clear()
+    assert smollm2_token_counter()("Hello world") == 2
+    out = capfd.readouterr()
+    assert "llama_context" not in out.err + out.out
+
+
 @pytest.fixture(scope="module")
 def routellm() -> pd.DataFrame:
     return import_routellm_gsm8k(ROUTELLM / "gsm8k_responses.csv", ROUTELLM / "gsm8k_contaminated_prompts.jsonl")

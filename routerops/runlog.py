@@ -1,0 +1,85 @@
+"""A run that speaks briefly: verbose logs to a file, the console keeps what a person acts on.
+
+`run_log(path)` (used by `python -m flows.pipeline`, i.e. `make demo`) sends every log record at INFO
+and above (and the warnings Python and libraries raise) to `path`, and lets through to the console
+only: warnings and errors, each distinct warning once, and the lines of the loggers named in
+`console_loggers` (Prefect's flow- and task-run lines: which stage finished). It changes handlers
+that exist when it starts (Prefect's console handler on the root logger, MLflow's own stream
+handler), so call it after importing them; it adds no handler of its own to the console.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+FILE_FORMAT = "%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"
+# Prefect's run loggers: "Task run 'collect-trajectories' - Finished in state Completed()" and the
+# prints of a flow run with log_prints; one line per stage.
+CONSOLE_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+
+class ConsoleFilter(logging.Filter):
+    """Warnings and errors, each distinct warning once (by logger and first line: a warning repeated
+    from a loop, or re-shown because a library reset Python's warning registry, prints once), plus
+    records of `loggers` and their children."""
+
+    def __init__(self, loggers: Sequence[str] = CONSOLE_LOGGERS):
+        super().__init__()
+        self.loggers = tuple(loggers)
+        self.seen: set[tuple[str, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        if record.levelno >= logging.WARNING:
+            key = (record.name, record.getMessage().strip().splitlines()[0] if record.getMessage().strip() else "")
+            if key in self.seen:
+                return False
+            self.seen.add(key)
+            return True
+        return any(record.name == name or record.name.startswith(name + ".") for name in self.loggers)
+
+
+def _console_handlers(logger: logging.Logger) -> list[logging.Handler]:
+    return [h for h in logger.handlers
+            if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) in (sys.stderr, sys.stdout)
+            or type(h).__name__ == "PrefectConsoleHandler"]
+
+
+@contextlib.contextmanager
+def run_log(path: Path, console_loggers: Sequence[str] = CONSOLE_LOGGERS) -> Iterator[Path]:
+    """Within the block: records at INFO and above to `path` (overwritten), the console filtered by
+    ConsoleFilter. Loggers that do not propagate (MLflow's) get the file handler and the filter too."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    to_file = logging.FileHandler(path, mode="w", encoding="utf-8")
+    to_file.setLevel(logging.INFO)
+    to_file.setFormatter(logging.Formatter(FILE_FORMAT))
+    console = ConsoleFilter(console_loggers)
+    root = logging.getLogger()
+    loggers = [root] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                        if isinstance(lg, logging.Logger) and not lg.propagate and lg.handlers]
+    touched: list[tuple[logging.Handler, logging.Filter]] = []
+    levels = {lg: lg.level for lg in loggers}
+    captured = logging.captureWarnings
+    for logger in loggers:
+        logger.addHandler(to_file)
+        for handler in _console_handlers(logger):
+            handler.addFilter(console)
+            touched.append((handler, console))
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)  # library INFO lines reach the file; the console filter drops them
+    captured(True)  # Python warnings become `py.warnings` records: to the file, and once to the console
+    try:
+        yield path
+    finally:
+        for handler, flt in touched:
+            handler.removeFilter(flt)
+        for logger, level in levels.items():
+            logger.removeHandler(to_file)
+            logger.setLevel(level)
+        to_file.close()
