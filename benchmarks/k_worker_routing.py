@@ -38,7 +38,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
-from evaluation.replay import knob_grid, operating_points, routing_data_from_table  # noqa: E402
+from evaluation.replay import knob_grid, operating_points, resample_counts, routing_data_from_table  # noqa: E402
 from models.base import RoutingData  # noqa: E402
 from models.registry import ENSEMBLES, make_router, same_predictions  # noqa: E402
 from routerops import metrics  # noqa: E402
@@ -101,18 +101,39 @@ def at_budget(acc: np.ndarray, usd: np.ndarray, budget: float) -> float | None:
     return float(acc[ok].max()) if ok.any() else None
 
 
-def readout(router, q_val, q_test, val: RoutingData, test: RoutingData, ref_val: float, ref_test: float) -> dict:
-    """Curve and val-chosen read-outs of one fitted router (see the module docstring)."""
+def gap_interval(ops, test: RoutingData, best: int, fraction: float, n_boot: int = 1000, seed: int = 0) -> tuple:
+    """95 % percentile interval (Efron & Tibshirani 1993, ch. 13) of accuracy-at-budget minus the best
+    single model's accuracy, over resamples of the test queries (paired: both read on each resample;
+    the budget is the fraction of the best model's cost on that resample)."""
+    counts = resample_counts(len(test), n_boot, seed).T / len(test)  # (n, B)
+    acc, usd = ops.correct @ counts, ops.paid @ counts  # (knobs, B)
+    ref_acc, ref_usd = test.scores[:, best] @ counts, test.costs[:, best] @ counts
+    within = usd <= fraction * ref_usd[None, :] * (1 + 1e-9)
+    at = np.where(within, acc, -np.inf).max(axis=0)
+    gaps = at - ref_acc
+    gaps = gaps[np.isfinite(gaps)]
+    if gaps.size == 0:
+        return None, None
+    lo, hi = np.percentile(gaps, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def readout(router, q_val, q_test, val: RoutingData, test: RoutingData, ref_val: float, ref_test: float,
+            best: int | None = None) -> dict:
+    """Curve and val-chosen read-outs of one fitted router (see the module docstring); with `best`
+    (the best single model's column), paired bootstrap intervals of the gap to it at each budget."""
     grid = np.unique(np.concatenate([knob_grid(router, q_val, val.costs), knob_grid(router, q_test, test.costs)]))
     ops_t = operating_points(router, q_test, test, grid)
     ops_v = operating_points(router, q_val, val, grid)
     acc_t, usd_t = ops_t.correct.mean(axis=1), ops_t.paid.mean(axis=1)
     acc_v, usd_v = ops_v.correct.mean(axis=1), ops_v.paid.mean(axis=1)
-    best = int(np.lexsort((usd_t, -acc_t))[0])
-    row = {"best_accuracy": float(acc_t[best]), "cost_ratio_at_best": float(usd_t[best] / ref_test)}
+    top = int(np.lexsort((usd_t, -acc_t))[0])
+    row = {"best_accuracy": float(acc_t[top]), "cost_ratio_at_best": float(usd_t[top] / ref_test)}
     for f in BUDGETS:
         tag = f"{round(100 * f)}"
         row[f"acc_at_{tag}"] = at_budget(acc_t, usd_t, f * ref_test)
+        if best is not None:
+            row[f"gap_at_{tag}_lo"], row[f"gap_at_{tag}_hi"] = gap_interval(ops_t, test, best, f)
         ok = np.flatnonzero(usd_v <= f * ref_val * (1 + 1e-9))
         if ok.size:
             pick = ok[np.lexsort((usd_v[ok], -acc_v[ok]))[0]]
@@ -140,17 +161,21 @@ def markdown(result: dict) -> str:
     def cell(v):
         return "—" if v is None else f"{v:.3f}"
 
+    def ci(r, tag):
+        lo, hi = r.get(f"gap_at_{tag}_lo"), r.get(f"gap_at_{tag}_hi")
+        return "" if lo is None or hi is None else f"[{lo:+.3f}, {hi:+.3f}]"
+
     lines = [
         "| router | acc ≤ 15 % cost | acc ≤ 50 % cost | best on curve (cost ratio) | val-chosen ≤ 15 % (cost ratio) "
-        "| val-chosen ≤ 50 % (cost ratio) |",
-        "|---|---|---|---|---|---|",
+        "| val-chosen ≤ 50 % (cost ratio) | gap to best single ≤ 15 % [95 % CI] | ≤ 50 % [95 % CI] |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in result["rows"].items():
         lines.append(
             f"| {name} | {cell(r['acc_at_15'])} | {cell(r['acc_at_50'])} | {cell(r['best_accuracy'])} "
             f"({cell(r['cost_ratio_at_best'])}) | {cell(r.get('val_chosen_acc_at_15'))} "
             f"({cell(r.get('val_chosen_cost_ratio_at_15'))}) | {cell(r.get('val_chosen_acc_at_50'))} "
-            f"({cell(r.get('val_chosen_cost_ratio_at_50'))}) |")
+            f"({cell(r.get('val_chosen_cost_ratio_at_50'))}) | {ci(r, 15)} | {ci(r, 50)} |")
     ref = result["best_single"]
     lines += ["", f"Best single model on test: {ref['worker']} (accuracy {ref['accuracy']:.3f}, "
               f"${ref['usd_per_query']:.3g} per query). Mean over seeds {result['seeds']}; "
@@ -194,7 +219,8 @@ def main(argv=None) -> int:
         for seed in seeds:
             quality, took = predictions(name, seed, train, scored, args.refit)
             seconds += took
-            per_seed.append(readout(make_router(name, seed), quality[:nv], quality[nv:], val, test, ref_val, ref_test))
+            per_seed.append(readout(make_router(name, seed), quality[:nv], quality[nv:], val, test, ref_val, ref_test,
+                                    best=best))
         rows[name] = mean_rows(per_seed)
         timings[name] = seconds
         r = rows[name]

@@ -196,3 +196,25 @@ def test_k_worker_routers_on_the_real_table(shared_data):
         choice, _ = router.decide(quality, test.costs, 0.0 if router.knob_name == "cost_weight" else 1.01)
         accuracy = test.scores[np.arange(100), choice].mean()
         assert singles.min() <= accuracy <= test.scores.max(axis=1).mean(), name
+
+
+# ---------------------------------------------------------------- whole-query vectors (issue 28, item 2)
+
+
+def test_chunk_pooled_vectors_see_the_whole_query_and_depend_on_its_text_alone():
+    from models.chunked_embeddings import ChunkPooledEncoder
+    from models.embeddings import default_encoder
+
+    encoder = ChunkPooledEncoder(window=32, max_windows=3)
+    short = "What is 2 + 3?"
+    assert encoder.windows(short) == [short]
+    np.testing.assert_allclose(encoder.encode([short])[0], default_encoder().encode([short])[0], atol=1e-6)
+    long = " ".join(f"clue {i}: the cat is not in house {i}." for i in range(40)) + " Where is the cat?"
+    windows = encoder.windows(long)
+    assert len(windows) == 3 and windows[-1].endswith("Where is the cat?")  # the question at the end is kept
+    assert windows[0].startswith("clue 0")
+    alone, batched = encoder.encode([long])[0], encoder.encode([short, long, "another text"])[1]
+    np.testing.assert_allclose(alone, batched, atol=1e-5)  # a vector is a function of its text
+    assert abs(np.linalg.norm(alone) - 1) < 1e-5
+    head = default_encoder().encode([long])[0]
+    assert float(alone @ head) < 0.999  # the pooled vector read more than the head window
