@@ -75,6 +75,18 @@ class CalibratedRouter(Router):
         return lambda q: platt.predict_proba(
             np.log(np.clip(q, 1e-6, 1 - 1e-6) / np.clip(1 - q, 1e-6, 1)).reshape(-1, 1))[:, 1]
 
+    def recalibrate(self, sample: RoutingData) -> "CalibratedRouter":
+        """Refit only the calibration maps, on `sample` (e.g. a small labelled sample of a new table
+        whose queries differ from the training ones): the base models keep what they learned, the
+        calibrators learn what their scores mean on the new queries (issue 28, item 3)."""
+        if self.members_ is None:
+            raise RuntimeError("CalibratedRouter.recalibrate before fit")
+        raw = self._raw(sample)
+        method = self.method if self.method != "auto" else ("isotonic" if len(sample) >= ISOTONIC_MIN else "sigmoid")
+        self.calibrators_ = [self._calibrator(raw[:, j], sample.scores[:, j], method) for j in range(raw.shape[1])]
+        self.method_ = method
+        return self
+
     def predict_quality(self, data: RoutingData) -> np.ndarray:
         if self.members_ is None:
             raise RuntimeError("CalibratedRouter.predict_quality before fit")

@@ -110,6 +110,19 @@ def test_calibration_is_fitted_on_the_validation_fold_and_helps_there():
     assert not np.allclose(raw, calibrated)
 
 
+def test_recalibrate_on_a_target_sample_moves_only_the_calibration():
+    table = tied_table(n=600, seed=7)
+    router = CalibratedRouter(base="logistic", method="sigmoid", seed=0).fit(table.subset(np.arange(400)))
+    target = table.subset(np.arange(400, 600))
+    # a target where the dearest worker is always right: its calibrated P̂ must rise towards 1
+    shifted = dataclasses.replace(target, scores=np.column_stack([target.scores[:, :3], np.ones(len(target))]))
+    raw_before, before = router._raw(target), router.predict_quality(target)
+    router.recalibrate(shifted.subset(np.arange(100)))
+    np.testing.assert_allclose(router._raw(target), raw_before)  # base models untouched
+    after = router.predict_quality(target)
+    assert after[:, 3].mean() > before[:, 3].mean() and after[:, 3].mean() > 0.95
+
+
 def test_expected_utility_cost_never_rises_with_lambda(split, fitted):
     _, test = split
     for name in ("calibrated", "calibrated_ensemble", "cost_label"):
