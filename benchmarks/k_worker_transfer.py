@@ -31,7 +31,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import k_worker_routing as kw  # noqa: E402
-from evaluation.replay import knob_grid, operating_points, two_worker_metrics  # noqa: E402
+from evaluation.replay import (knob_grid, operating_points, resample_counts, strong_call_score, strong_weak,  # noqa: E402
+                               two_worker_metrics)
+from routerops import metrics  # noqa: E402
 from models.base import RoutingData  # noqa: E402
 from models.kworkers import CalibratedRouter  # noqa: E402
 from models.registry import make_router  # noqa: E402
@@ -55,6 +57,16 @@ def curve_at_budgets(router, quality: np.ndarray, data: RoutingData) -> dict:
     for f in kw.BUDGETS:
         out[f"acc_at_{round(100 * f)}"] = kw.at_budget(acc, usd, f * float(usd_s[best]))
     return out
+
+
+def apgr_interval(quality: np.ndarray, data: RoutingData, n_boot: int = 1000) -> tuple[float, float]:
+    """95 % percentile bootstrap interval of APGR over resamples of the scored queries."""
+    strong, weak = strong_weak(data)
+    values = metrics.apgr_of_resamples(strong_call_score(quality, data), data.scores[:, strong], data.scores[:, weak],
+                                       resample_counts(len(data), n_boot, 0))
+    values = values[~np.isnan(values)]
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 def fitted(name: str, train: RoutingData, sample: RoutingData):
@@ -101,13 +113,17 @@ def main(argv=None) -> int:
                        "n_scored": len(scored)}
                 if k_workers == "two":
                     row.update(two_worker_metrics(quality, scored))
+                    row["apgr_lo"], row["apgr_hi"] = apgr_interval(quality, scored)
                 else:
                     row.update(curve_at_budgets(make_router(name.partition("+")[0], 0), quality, scored))
                 rows.append(row)
                 print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     table = pd.DataFrame(rows)
-    two = table[table.workers == "two"].pivot(index="router", columns="held_out", values="apgr")
+    two_rows = table[table.workers == "two"]
+    two = two_rows.pivot(index="router", columns="held_out", values="apgr")
     two["mean"] = two.mean(axis=1)
+    ci = two_rows.assign(ci=[f"[{lo:.3f}, {hi:.3f}]" for lo, hi in zip(two_rows.apgr_lo, two_rows.apgr_hi)])
+    two = two.round(3).join(ci.pivot(index="router", columns="held_out", values="ci").add_suffix(" 95% CI"))
     nine = table[table.workers == "nine"].groupby("router")[["acc_at_15", "acc_at_50", "best_single_accuracy"]].mean()
     result = {"benchmark": "k_worker_transfer", "issue": 28, "price_book": book, "sample_fraction": args.sample,
               "weak": WEAK, "strong": STRONG, "rows": rows,
@@ -116,7 +132,7 @@ def main(argv=None) -> int:
               "machine": "OMP/MKL 1 thread, nice 5, beside another CPU job"}
     write_json_atomic(result, args.out)
     md = ["APGR (gemma-2-9b-it vs nemotron-51b), fitted on two clusters, scored on the third "
-          f"(less a {args.sample:.0%} target sample):", "", two.round(3).to_markdown(), "",
+          f"(less a {args.sample:.0%} target sample):", "", two.to_markdown(), "",
           "Nine workers, mean over held-out clusters (accuracy at ≤ 15 % / ≤ 50 % of the best single model's cost):",
           "", nine.round(3).to_markdown()]
     write_text_atomic("\n".join(md) + "\n", args.out.with_suffix(".md"))
