@@ -10,6 +10,9 @@ target" (used only by the `+target-cal` variants, which refit CalibratedRouter's
 it: `CalibratedRouter.recalibrate`); every variant is scored on the rest of the cluster. Seed 0
 (the routers here are deterministic given their data but for inner-fold shuffles).
 
+In-table reference (`--in-cluster`): the same scored queries, cross-fitted inside their own
+cluster (5 folds), so the gap to it is what training elsewhere costs.
+
 Two read-outs per (router, held-out cluster):
 - APGR (RouteLLM's definition, evaluation.replay.two_worker_metrics) on the two-worker projection
   gemma-2-9b-it (weak, $0.1) vs llama-3.1-nemotron-51b-instruct (strong, $0.9), routers fitted on
@@ -31,7 +34,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import k_worker_routing as kw  # noqa: E402
-from evaluation.replay import (knob_grid, operating_points, resample_counts, strong_call_score, strong_weak,  # noqa: E402
+from evaluation.replay import (cross_fit, knob_grid, operating_points, resample_counts, strong_call_score, strong_weak,  # noqa: E402
                                two_worker_metrics)
 from routerops import metrics  # noqa: E402
 from models.base import RoutingData  # noqa: E402
@@ -87,6 +90,8 @@ def main(argv=None) -> int:
     parser.add_argument("--routers", nargs="+", default=["random", "knn", "logistic", "mf", "mlp", "calibrated",
                                                           "calibrated+target-cal", "calibrated_ensemble",
                                                           "calibrated_ensemble+target-cal"])
+    parser.add_argument("--in-cluster", nargs="*", default=["knn", "logistic"],
+                        help="routers also cross-fitted inside the held-out cluster (5 folds): the in-table reference")
     parser.add_argument("--sample", type=float, default=0.1, help="share of the target cluster given as labels")
     parser.add_argument("--out", type=Path, default=kw.RESULTS / "k_worker_transfer.json")
     args = parser.parse_args(argv)
@@ -118,6 +123,16 @@ def main(argv=None) -> int:
                     row.update(curve_at_budgets(make_router(name.partition("+")[0], 0), quality, scored))
                 rows.append(row)
                 print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+        # In-table reference: the same scored queries, each scored by a router fitted on the other
+        # folds of its own cluster, so "what transfer costs" is the gap between the two rows.
+        view = project(data, [WEAK, STRONG]).subset(scored_rows)
+        for name in args.in_cluster:
+            quality = cross_fit(view, lambda seed, _n=name: make_router(_n, seed), k=5, seed=0)
+            row = {"held_out": held, "workers": "two", "router": f"{name} [in-cluster 5-fold]", "n_train": len(view) - len(view) // 5,
+                   "n_scored": len(view), **two_worker_metrics(quality, view)}
+            row["apgr_lo"], row["apgr_hi"] = apgr_interval(quality, view)
+            rows.append(row)
+            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     table = pd.DataFrame(rows)
     two_rows = table[table.workers == "two"]
     two = two_rows.pivot(index="router", columns="held_out", values="apgr")
