@@ -177,12 +177,14 @@ def test_new_routers_run_through_the_replay_harness(split):
         assert rows.loc[name, "best_accuracy"] <= test.scores.max(axis=1).mean() + 1e-12  # below the oracle
 
 
-def test_new_routers_serve_under_a_budget(split, fitted):
+def test_new_routers_register_and_serve_the_same_decisions(split, fitted, tmp_path):
     train, test = split
-    for name in ("cost_label", "calibrated", "kcascade"):
+    for name in NEW:
         served = ServedRouter.from_fitted(fitted[name], train, "test-book", embedding=None)
         quality = served.quality(test)
         assert quality.shape == (len(test), 4) and np.isfinite(quality).all()
+        loaded = ServedRouter.load(served.save(tmp_path / name))  # the registered artefact
+        np.testing.assert_array_equal(loaded.quality(test), quality)
 
 
 # ---------------------------------------------------------------- the real nine-model table
