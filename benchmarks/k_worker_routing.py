@@ -49,9 +49,7 @@ from routerops.schema import write_json_atomic, write_text_atomic  # noqa: E402
 RESULTS = REPO / "benchmarks" / "results"
 CACHE = REPO / ".routerops" / "k_workers"
 BUDGETS = (0.15, 0.50)
-# MTRouter is left out by default: ~35 logistic fits per fit (FIT_COST) is ~10 min per seed on this table
-# beside the RL benchmark; `--routers ... mtrouter` adds it.
-BASELINES = ("random", "cascade", "knn", "logistic", "logistic_tfidf", "mf", "mlp", "ensemble")
+BASELINES = ("random", "cascade", "knn", "logistic", "logistic_tfidf", "mf", "mlp", "ensemble", "mtrouter")
 NEW = ("cost_label", "cost_label_mlp", "calibrated", "calibrated_ensemble", "kcascade")
 
 
