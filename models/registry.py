@@ -16,6 +16,7 @@ from models.baselines import (
     SingleWorker,
 )
 from models.embeddings import DEFAULT_MAX_SEQ
+from models.kworkers import CalibratedRouter, CostLabelRouter, KStepCascade
 from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.history import build_history_encoder
 from models.mtrouter.router import MTRouterRouter
@@ -75,6 +76,13 @@ ROUTER_FACTORIES: dict[str, RouterFactory] = {
     "mlp": lambda seed: MLPRouter(seed=seed),
     "ensemble": _ensemble,
     "mtrouter": _mtrouter,
+    # Made for K workers (issue 28; models/kworkers): cost-aware labels, calibrated P̂ + expected utility,
+    # a price-ordered K-step cascade with thresholds fitted on a validation fold.
+    "cost_label": lambda seed: CostLabelRouter(classifier="logistic", seed=seed),
+    "cost_label_mlp": lambda seed: CostLabelRouter(classifier="mlp", seed=seed),
+    "calibrated": lambda seed: CalibratedRouter(base="logistic", seed=seed),
+    "calibrated_ensemble": lambda seed: CalibratedRouter(base="logistic+knn", seed=seed),
+    "kcascade": lambda seed: KStepCascade(seed=seed),
 }
 
 
@@ -82,7 +90,9 @@ ROUTER_FACTORIES: dict[str, RouterFactory] = {
 # (benchmarks/replay_scale.py, one thread): the replay hands the dearest routers' folds to its
 # workers first (evaluation.replay.held_out_qualities_of). An order, not a promise; unknown names: 1.
 FIT_COST: dict[str, float] = {"mtrouter": 35.0, "logistic_tfidf": 11.0, "mlp": 5.0, "mf": 3.0, "knn": 1.0,
-                              "logistic": 1.0, "cascade": 1.0}
+                              "logistic": 1.0, "cascade": 1.0,
+                              "cost_label": 2.0, "cost_label_mlp": 2.0, "calibrated": 1.0, "calibrated_ensemble": 2.0,
+                              "kcascade": 1.0}
 
 
 def make_router(name: str, seed: int = 0) -> Router:

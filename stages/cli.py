@@ -1,7 +1,7 @@
 """Command line: `routerops run PIPELINE [--set KEY=VALUE]` (a whole pipeline; stages/run_command.py),
 `routerops stage NAME` (any stage of any pipeline; what dvc.yaml runs),
 `routerops replay`, `routerops reprice`, `routerops validate`, `routerops import-qa`,
-`routerops import-routellm`, `routerops prices|pool publish FILE`, `routerops ope` (stages/ope_command.py),
+`routerops import-routellm`, `routerops import-llmrouter`, `routerops prices|pool publish FILE`, `routerops ope` (stages/ope_command.py),
 `routerops gateway serve|keys create` (gateway/cli.py).
 
 This module only parses: each command is named by reference ("module:function") and imported when it
@@ -142,6 +142,18 @@ def build_parser() -> argparse.ArgumentParser:
     routellm.add_argument("--train", help="GSM8K train.jsonl: token counts include RouteLLM's 8-shot prefix")
     routellm.add_argument("--out", required=True)
     routellm.set_defaults(func="stages.data_commands:import_routellm_command")
+
+    llmrouter = sub.add_parser("import-llmrouter", help="import LLMRouter's nine-model table (dcrouter) as "
+                               "logged outcomes with a seeded train/val/test split, and its price book")
+    llmrouter.add_argument("--json", required=True, help="dcrouter_train.json")
+    llmrouter.add_argument("--candidates", required=True, help="llm_candidates.json (prices)")
+    llmrouter.add_argument("--out", required=True, help="logged-outcome table (.parquet)")
+    llmrouter.add_argument("--prices-out", required=True, help="price book (.yaml) written from the candidates")
+    llmrouter.add_argument("--split-seed", type=int, default=0)
+    llmrouter.add_argument("--fractions", type=float, nargs=3, default=[0.6, 0.2, 0.2], help="train val test")
+    llmrouter.add_argument("--completion-tokens", type=int, default=0,
+                           help="assumed completion tokens per call (none were logged)")
+    llmrouter.set_defaults(func="stages.data_commands:import_llmrouter_command")
 
     replay = sub.add_parser("replay", help="router leaderboard on a logged-outcomes table (no live call)")
     replay.add_argument("--table", required=True, help="logged outcomes the routers are scored on")

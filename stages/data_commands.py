@@ -8,6 +8,7 @@ from pathlib import Path
 
 from routerops import schema
 from routerops.envs.jsonl_qa import import_jsonl_qa
+from routerops.envs.llmrouter import import_llmrouter, price_book_from_candidates, write_price_book
 from routerops.envs.replay import import_routellm_gsm8k, write_logged_outcomes
 from routerops.envs.suites import write_tasks
 from routerops.errors import InputError
@@ -76,3 +77,21 @@ def import_routellm_command(args: argparse.Namespace) -> None:
     table = import_routellm_gsm8k(args.csv, contaminated_path=args.contaminated, train_path=args.train)
     write_logged_outcomes(table, Path(args.out))
     print(f"{table.query_id.nunique()} queries x {table.worker.nunique()} workers -> {args.out}")
+
+
+def import_llmrouter_command(args: argparse.Namespace) -> None:
+    """LLMRouter's dcrouter JSON → a logged-outcomes table with a seeded split, and its price book."""
+    inputs = (args.json, args.candidates)
+    check_output(args.out, "--out", inputs=inputs)
+    check_output(args.prices_out, "--prices-out", inputs=inputs)
+    book = price_book_from_candidates(args.candidates)  # read first: a bad price file costs no tokenising
+    table = import_llmrouter(args.json, split_seed=args.split_seed, fractions=args.fractions,
+                             completion_tokens=args.completion_tokens)
+    missing = sorted(set(table.worker) - set(book["prices"]))
+    if missing:
+        raise InputError(args.candidates, missing[0], "a model of the table has no price")
+    write_logged_outcomes(table, Path(args.out))
+    write_price_book(book, args.prices_out)
+    counts = table.drop_duplicates("query_id")["split"].value_counts().to_dict()
+    print(f"{table.query_id.nunique()} queries x {table.worker.nunique()} workers ({counts}) -> {args.out}; "
+          f"prices -> {args.prices_out}")

@@ -27,10 +27,11 @@ JUNK = b"\x00\xff\xfe not what this command reads {[\n"
 
 # Arguments that name where a command writes. --root is the Layout the stages write data/ and reports/
 # under (and publish its store under); --db-url is the gateway's database.
-OUTPUTS = {"out", "root", "db_url"}
+OUTPUTS = {"out", "root", "db_url", "prices_out"}  # prices_out: import-llmrouter's price book
 # Arguments that name a file (or folder) the command reads.
 INPUTS = {"table", "train_table", "prices", "price_book", "pool", "src", "csv", "contaminated", "train", "path",
-          "file", "params", "tracking_uri", "pool_file", "log"}
+          "file", "params", "tracking_uri", "pool_file", "log",
+          "json", "candidates"}  # import-llmrouter's outcomes and model prices
 # Everything else: a value that is not a file, given a valid one (or left at its default).
 VALUES = {"help", "command", "name", "format", "suite", "split", "limit", "split_column", "train_split",
           "score_splits", "llm_base_url", "routers", "k", "seeds", "bootstrap", "drop_overlap", "rest",
@@ -114,7 +115,12 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     log = folder / "decisions.csv"  # routerops ope's exported decision log (its columns; one graded row)
     pd.DataFrame([{"decision_id": "d1", "router": "r", "chosen": "smol-direct", "propensity": 1.0,
                    "explanation": "{}", "score": 1.0, "cost_usd": 0.0, "worker": "smol-direct"}]).to_csv(log, index=False)
-    return {"log": log, "table": table, "train_table": table, "prices": BOOK, "price_book": BOOK, "pool": POOL, "src": src,
+    dcrouter = folder / "dcrouter.json"  # import-llmrouter's two inputs
+    dcrouter.write_text(json.dumps([{"question": f"q{i}?", "scores": {"a": 1.0, "b": 0.0}, "cluster_id": 0}
+                                    for i in range(5)]))
+    candidates = folder / "candidates.json"
+    candidates.write_text(json.dumps({m: {"input_price": 0.1, "output_price": 0.1} for m in ("a", "b")}))
+    return {"json": dcrouter, "candidates": candidates, "log": log, "table": table, "train_table": table, "prices": BOOK, "price_book": BOOK, "pool": POOL, "src": src,
             "csv": routellm, "path": qa, "params": params, "folder": folder}
 
 

@@ -1,0 +1,254 @@
+"""Iso-cost table of every router family on LLMRouter's nine-model development table (issue 28).
+
+    cd <repo> && nice -n 5 env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 \\
+        python benchmarks/k_worker_routing.py [--data ../shared/data] [--seeds 0 1 2] [--routers NAME ...]
+
+Protocol (fixed, seeded): `routerops import-llmrouter` splits the 5,608 queries by query into
+train / val / test = 60 / 20 / 20 % (split seed 0). Every router is fitted on train alone, once per
+seed (0, 1, 2: the routers' own randomness, e.g. inner folds, MLP initialisation, the K-worker
+routers' internal validation fold, which is carved out of train). Nothing is fitted or tuned on
+test. Two read-outs per router, both on test:
+
+- curve: the highest test accuracy among the router's operating points (its knob swept) whose test
+  USD per query is ≤ 15 % / ≤ 50 % of the best single model's test USD per query, and the best
+  accuracy anywhere on the curve (what issue 28's table reports);
+- val-chosen: the operating point picked on val (highest val accuracy whose val cost is within the
+  budget), then scored on test: what a deployment that fixes λ in advance gets (its test cost may
+  overshoot the budget slightly; the JSON records it).
+
+The best single model is the most accurate on test (ties: cheaper); the oracle (cheapest correct
+worker, its λ swept) bounds every router. Query vectors: the shared MiniLM encoder (128-token
+window), embedded once into the on-disk SQLite cache (models/embeddings.py). Predictions are cached
+per (router, seed) under .routerops/k_workers/, so a rerun only fits what changed (--refit to redo).
+Writes benchmarks/results/k_worker_routing.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere
+
+from evaluation.replay import knob_grid, operating_points, resample_counts, routing_data_from_table  # noqa: E402
+from models.base import RoutingData  # noqa: E402
+from models.registry import ENSEMBLES, make_router, same_predictions  # noqa: E402
+from routerops import metrics  # noqa: E402
+from routerops.envs.llmrouter import import_llmrouter, price_book_from_candidates, write_price_book  # noqa: E402
+from routerops.pricing import load_price_book  # noqa: E402
+from routerops.schema import write_json_atomic, write_text_atomic  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+CACHE = REPO / ".routerops" / "k_workers"
+BUDGETS = (0.15, 0.50)
+BASELINES = ("random", "cascade", "knn", "logistic", "logistic_tfidf", "mf", "mlp", "ensemble", "mtrouter")
+NEW = ("cost_label", "cost_label_mlp", "calibrated", "calibrated_ensemble", "kcascade")
+
+
+def load_table(data_dir: Path) -> tuple[RoutingData, np.ndarray, str]:
+    """The imported table (cached as Parquet), its price book, RoutingData with query vectors, and
+    each query's split label."""
+    src = data_dir / "llmrouter"
+    table, prices = CACHE / "dcrouter.parquet", CACHE / "prices.yaml"
+    if not table.is_file():
+        from routerops.envs.replay import write_logged_outcomes
+
+        write_price_book(price_book_from_candidates(src / "llm_candidates.json"), prices)
+        write_logged_outcomes(import_llmrouter(src / "dcrouter_train.json"), table)
+    import pandas as pd
+
+    frame = pd.read_parquet(table)
+    book = load_price_book(prices)
+    data = routing_data_from_table(frame, book)  # vectors from (or into) the on-disk cache
+    split = frame.drop_duplicates("query_id").set_index("query_id")["split"].reindex(data.query_ids).to_numpy()
+    return data, split, book.version
+
+
+def predictions(name: str, seed: int, train: RoutingData, scored: RoutingData, refit: bool) -> tuple[np.ndarray, float]:
+    """(quality on `scored` of `name` fitted on `train`, seconds), cached on disk per (router, seed,
+    rows). Ensembles: the mean of their members' predictions (as the replay harness computes them)."""
+    if name in ENSEMBLES:
+        parts = [predictions(m, seed, train, scored, refit) for m in ENSEMBLES[name]]
+        return np.mean([q for q, _ in parts], axis=0), sum(s for _, s in parts)
+    twin = same_predictions(name, scored.responses is not None)
+    if twin:
+        return predictions(twin, seed, train, scored, refit)
+    key = hashlib.sha256(json.dumps([name, seed, train.query_ids, scored.query_ids]).encode()).hexdigest()[:16]
+    path = CACHE / "quality" / f"{name}-s{seed}-{key}.npz"
+    if path.is_file() and not refit:
+        saved = np.load(path)
+        return saved["quality"], float(saved["seconds"])
+    start = time.perf_counter()
+    quality = make_router(name, seed).fit(train).predict_quality(scored)
+    seconds = time.perf_counter() - start
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, quality=quality, seconds=seconds)
+    return quality, seconds
+
+
+def at_budget(acc: np.ndarray, usd: np.ndarray, budget: float) -> float | None:
+    ok = usd <= budget * (1 + 1e-9)
+    return float(acc[ok].max()) if ok.any() else None
+
+
+def gap_interval(ops, test: RoutingData, best: int, fraction: float, n_boot: int = 1000, seed: int = 0) -> tuple:
+    """95 % percentile interval (Efron & Tibshirani 1993, ch. 13) of accuracy-at-budget minus the best
+    single model's accuracy, over resamples of the test queries (paired: both read on each resample;
+    the budget is the fraction of the best model's cost on that resample)."""
+    counts = resample_counts(len(test), n_boot, seed).T / len(test)  # (n, B)
+    acc, usd = ops.correct @ counts, ops.paid @ counts  # (knobs, B)
+    ref_acc, ref_usd = test.scores[:, best] @ counts, test.costs[:, best] @ counts
+    within = usd <= fraction * ref_usd[None, :] * (1 + 1e-9)
+    at = np.where(within, acc, -np.inf).max(axis=0)
+    gaps = at - ref_acc
+    gaps = gaps[np.isfinite(gaps)]
+    if gaps.size == 0:
+        return None, None
+    lo, hi = np.percentile(gaps, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def readout(router, q_val, q_test, val: RoutingData, test: RoutingData, ref_val: float, ref_test: float,
+            best: int | None = None) -> dict:
+    """Curve and val-chosen read-outs of one fitted router (see the module docstring); with `best`
+    (the best single model's column), paired bootstrap intervals of the gap to it at each budget."""
+    grid = np.unique(np.concatenate([knob_grid(router, q_val, val.costs), knob_grid(router, q_test, test.costs)]))
+    ops_t = operating_points(router, q_test, test, grid)
+    ops_v = operating_points(router, q_val, val, grid)
+    acc_t, usd_t = ops_t.correct.mean(axis=1), ops_t.paid.mean(axis=1)
+    acc_v, usd_v = ops_v.correct.mean(axis=1), ops_v.paid.mean(axis=1)
+    top = int(np.lexsort((usd_t, -acc_t))[0])
+    row = {"best_accuracy": float(acc_t[top]), "cost_ratio_at_best": float(usd_t[top] / ref_test)}
+    if best is not None:  # the cheapest operating point at least as accurate as the best single model
+        match = acc_t >= float(test.scores[:, best].mean()) - 1e-12
+        row["cost_ratio_to_match_best"] = float(usd_t[match].min() / ref_test) if match.any() else None
+    for f in BUDGETS:
+        tag = f"{round(100 * f)}"
+        row[f"acc_at_{tag}"] = at_budget(acc_t, usd_t, f * ref_test)
+        if best is not None:
+            row[f"gap_at_{tag}_lo"], row[f"gap_at_{tag}_hi"] = gap_interval(ops_t, test, best, f)
+        ok = np.flatnonzero(usd_v <= f * ref_val * (1 + 1e-9))
+        if ok.size:
+            pick = ok[np.lexsort((usd_v[ok], -acc_v[ok]))[0]]
+            row[f"val_chosen_acc_at_{tag}"] = float(acc_t[pick])
+            row[f"val_chosen_cost_ratio_at_{tag}"] = float(usd_t[pick] / ref_test)
+        else:
+            row[f"val_chosen_acc_at_{tag}"] = row[f"val_chosen_cost_ratio_at_{tag}"] = None
+    return row
+
+
+def mean_rows(rows: list[dict]) -> dict:
+    out = {}
+    for key in rows[0]:
+        values = [r[key] for r in rows]
+        if any(v is None for v in values):
+            out[key] = None
+            continue
+        out[key] = float(np.mean(values))
+        if len(values) > 1:
+            out[f"{key}_seed_std"] = float(np.std(values))
+    return out
+
+
+def markdown(result: dict) -> str:
+    def cell(v):
+        return "—" if v is None else f"{v:.3f}"
+
+    def ci(r, tag):
+        lo, hi = r.get(f"gap_at_{tag}_lo"), r.get(f"gap_at_{tag}_hi")
+        return "" if lo is None or hi is None else f"[{lo:+.3f}, {hi:+.3f}]"
+
+    lines = [
+        "| router | acc ≤ 15 % cost | acc ≤ 50 % cost | best on curve (cost ratio) | val-chosen ≤ 15 % (cost ratio) "
+        "| val-chosen ≤ 50 % (cost ratio) | gap to best single ≤ 15 % [95 % CI] | ≤ 50 % [95 % CI] "
+        "| cost ratio to match the best single |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in result["rows"].items():
+        lines.append(
+            f"| {name} | {cell(r['acc_at_15'])} | {cell(r['acc_at_50'])} | {cell(r['best_accuracy'])} "
+            f"({cell(r['cost_ratio_at_best'])}) | {cell(r.get('val_chosen_acc_at_15'))} "
+            f"({cell(r.get('val_chosen_cost_ratio_at_15'))}) | {cell(r.get('val_chosen_acc_at_50'))} "
+            f"({cell(r.get('val_chosen_cost_ratio_at_50'))}) | {ci(r, 15)} | {ci(r, 50)} "
+            f"| {cell(r.get('cost_ratio_to_match_best'))} |")
+    ref = result["best_single"]
+    lines += ["", f"Best single model on test: {ref['worker']} (accuracy {ref['accuracy']:.3f}, "
+              f"${ref['usd_per_query']:.3g} per query). Mean over seeds {result['seeds']}; "
+              f"{result['n']['train']} train / {result['n']['val']} val / {result['n']['test']} test queries. "
+              f"Protocol: {result['protocol']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--routers", nargs="+", default=[*BASELINES, *NEW])
+    parser.add_argument("--refit", action="store_true", help="ignore cached predictions")
+    parser.add_argument("--out", type=Path, default=RESULTS / "k_worker_routing.json")
+    args = parser.parse_args(argv)
+
+    start = time.perf_counter()
+    data, split, book = load_table(args.data)
+    embed_s = time.perf_counter() - start
+    parts = {name: data.subset(np.flatnonzero(split == name)) for name in ("train", "val", "test")}
+    train, val, test = parts["train"], parts["val"], parts["test"]
+    scored = RoutingData(query_ids=val.query_ids + test.query_ids, queries=val.queries + test.queries,
+                         workers=data.workers, scores=np.vstack([val.scores, test.scores]),
+                         costs=np.vstack([val.costs, test.costs]),
+                         embeddings=np.vstack([val.embeddings, test.embeddings]))
+    nv = len(val)
+
+    acc_t, usd_t = test.scores.mean(axis=0), test.costs.mean(axis=0)
+    best = metrics.best_single(usd_t, acc_t)
+    ref_test, ref_val = float(usd_t[best]), float(val.costs.mean(axis=0)[best])
+    rows: dict[str, dict] = {}
+    for j, w in enumerate(data.workers):
+        rows[f"single:{w}"] = {"acc_at_15": float(acc_t[j]) if usd_t[j] <= 0.15 * ref_test else None,
+                               "acc_at_50": float(acc_t[j]) if usd_t[j] <= 0.5 * ref_test else None,
+                               "best_accuracy": float(acc_t[j]), "cost_ratio_at_best": float(usd_t[j] / ref_test)}
+    timings = {"load_and_embed_s": embed_s}
+    for name in ["oracle", *args.routers]:
+        seeds = args.seeds[:1] if name == "oracle" else args.seeds
+        per_seed, seconds = [], 0.0
+        for seed in seeds:
+            quality, took = predictions(name, seed, train, scored, args.refit)
+            seconds += took
+            per_seed.append(readout(make_router(name, seed), quality[:nv], quality[nv:], val, test, ref_val, ref_test,
+                                    best=best))
+        rows[name] = mean_rows(per_seed)
+        timings[name] = seconds
+        r = rows[name]
+        print(f"{name:22s} ≤15%: {r['acc_at_15']}  ≤50%: {r['acc_at_50']}  best: {r['best_accuracy']:.3f}  "
+              f"val-chosen ≤15%: {r.get('val_chosen_acc_at_15')}  fit {seconds:.0f}s", flush=True)
+    result = {
+        "benchmark": "k_worker_routing", "issue": 28,
+        "table": "LLMRouter dcrouter_train.json (nine models, 5,608 queries), imported by routerops import-llmrouter",
+        "price_book": book, "workers": list(data.workers), "seeds": args.seeds,
+        "n": {k: len(v) for k, v in parts.items()},
+        "protocol": ("fixed seeded split by query (train/val/test 60/20/20, split seed 0); routers fitted on train "
+                     "only (their own tuning: inner folds or an internal validation fold carved out of train); "
+                     "curve read-outs on test; val-chosen: operating point chosen on val, scored on test; "
+                     "budgets are fractions of the best single model's test USD per query"),
+        "best_single": {"worker": data.workers[best], "accuracy": float(acc_t[best]), "usd_per_query": ref_test},
+        "goal": {"acc_at_15_at_least": float(acc_t[best]), "acc_at_50_at_least": float(acc_t[best]) + 0.03},
+        "rows": rows, "timings_s": timings,
+        "machine": {"python": platform.python_version(), "threads": "OMP/MKL 1, nice 5, beside another CPU job"},
+        "command": "python benchmarks/k_worker_routing.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    }
+    write_json_atomic(result, args.out)
+    write_text_atomic(markdown(result), args.out.with_suffix(".md"))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
