@@ -8,13 +8,12 @@ The same stages are in pipelines/mtrouter/dvc.yaml.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from prefect import flow
 
 from routerops.layout import Layout
-from routerops.runlog import run_log
+from routerops.runlog import run_flow_logged
 from stages.mtrouter import check_run, load_run, resolved
 from tasks.stages import (
     mt_ablations_task, mt_analyses_task, mt_collect_task, mt_evaluate_task, mt_register_task, mt_track_task,
@@ -46,17 +45,10 @@ def main() -> None:
 
 
 def run_with_log(params_file: str = "params.yaml", root: str = ".") -> Path:
-    """The flow as `make mtrouter` runs it (`routerops run mtrouter`): as `make demo`, warnings once, errors
-    and one line per stage on the console, the rest in the log file."""
+    """The flow as `make mtrouter` runs it (`routerops run mtrouter`): quiet console, full log in a file."""
     layout = Layout(Path(root))
-    with run_log(layout.run_log("mtrouter")) as log_file:
-        try:
-            out = mtrouter_flow(params_file=params_file, root=root)
-        except BaseException:
-            print(f"\nThe mtrouter flow failed; its full log: {log_file}", file=sys.stderr)
-            raise
-    print(f"\nReports: {layout.mtrouter_reports}\nFull log of this run: {log_file}")
-    return out
+    return run_flow_logged("mtrouter", mtrouter_flow, layout.mtrouter_reports, layout.run_log("mtrouter"),
+                           params_file=params_file, root=root)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,12 @@ holds the paper-scale LM settings. The same stages are in pipelines/orchestra/dv
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from prefect import flow
 
 from routerops.layout import Layout
-from routerops.runlog import run_log
+from routerops.runlog import run_flow_logged
 from stages.orchestra import check_run, load_run
 from tasks.stages import (
     orchestra_baselines_task, orchestra_evaluate_task, orchestra_filter_task, orchestra_probe_task,
@@ -50,17 +49,10 @@ def main() -> None:
 
 
 def run_with_log(params_file: str = "params.yaml", root: str = ".") -> Path:
-    """The flow as `make orchestra` runs it (`routerops run orchestra`): as `make demo`, warnings once, errors
-    and one line per stage on the console, the rest in the log file."""
+    """The flow as `make orchestra` runs it (`routerops run orchestra`): quiet console, full log in a file."""
     layout = Layout(Path(root))
-    with run_log(layout.run_log("orchestra")) as log_file:
-        try:
-            out = orchestra_flow(params_file=params_file, root=root)
-        except BaseException:
-            print(f"\nThe orchestra flow failed; its full log: {log_file}", file=sys.stderr)
-            raise
-    print(f"\nReports: {layout.orchestra_reports}\nFull log of this run: {log_file}")
-    return out
+    return run_flow_logged("orchestra", orchestra_flow, layout.orchestra_reports, layout.run_log("orchestra"),
+                           params_file=params_file, root=root)
 
 
 if __name__ == "__main__":

@@ -224,6 +224,16 @@ def section_from_mapping(cls: type, raw: Mapping[str, Any] | None, source: str, 
     return settings
 
 
+def load_pipeline_section(cls: type, path: str | Path, section: str) -> Any:
+    """A pipeline's own section (`orchestra`, `mtrouter`) as `cls`, whose `track` field is filled from
+    the file's top-level `track` section (one tracking store per project, not one per pipeline)."""
+    raw = read_yaml_mapping(path).get(section, {}) or {}
+    if isinstance(raw, dict) and "track" in raw:
+        raise InputError(path, f"{section}.track", "unknown key (tracking is the top-level `track` section)")
+    run = load_section(cls, raw, path, section)
+    return dataclasses.replace(run, track=load_params(path, sections=("track",)).track)
+
+
 def load_params(path: str | Path = "params.yaml", sections: tuple[str, ...] | None = None) -> Params:
     """Load params.yaml. With `sections`, only those sections are kept (the rest take defaults)."""
     path = Path(path)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 FILE_FORMAT = "%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"
 # Prefect's run loggers: "Task run 'collect-trajectories' - Finished in state Completed()" and the
@@ -83,3 +84,17 @@ def run_log(path: Path, console_loggers: Sequence[str] = CONSOLE_LOGGERS) -> Ite
             logger.removeHandler(to_file)
             logger.setLevel(level)
         to_file.close()
+
+
+def run_flow_logged(name: str, flow: Callable[..., Any], reports: Path, log_file: Path, **kwargs: Any) -> Any:
+    """`flow(**kwargs)` under `run_log(log_file)` (as `make demo`: warnings once, errors and one line per
+    stage on the console, the rest in the file); on failure the console names the file, on success it
+    names the reports folder too."""
+    with run_log(log_file) as log:
+        try:
+            out = flow(**kwargs)
+        except BaseException:
+            print(f"\nThe {name} flow failed; its full log: {log}", file=sys.stderr)
+            raise
+    print(f"\nReports: {reports}\nFull log of this run: {log}")
+    return out

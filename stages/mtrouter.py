@@ -29,11 +29,10 @@ from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.router import MTRouter
 from models.mtrouter.targets import turn_targets
 from routerops import analyses, schema
-from routerops.config import TrackConfig, load_params, load_section
+from routerops.config import TrackConfig, load_pipeline_section
 from routerops.envs.scienceworld_env import ScienceWorldEnvironment, action_category, scienceworld_tasks
 from routerops.envs.suites import read_tasks, write_tasks
 from routerops.errors import InputError
-from routerops.files import read_yaml_mapping
 from routerops.layout import Layout, Trajectories
 from routerops.metrics import count_switches
 from routerops.policies import RandomMultiTurnPolicy, SinglePolicy
@@ -83,11 +82,7 @@ class MTRouterRun:
 
 
 def load_run(path: str | Path = "params.yaml") -> MTRouterRun:
-    raw = read_yaml_mapping(path).get("mtrouter", {}) or {}
-    if isinstance(raw, dict) and "track" in raw:
-        raise InputError(path, "mtrouter.track", "unknown key (tracking is the top-level `track` section)")
-    run = load_section(MTRouterRun, raw, path, "mtrouter")
-    return dataclasses.replace(run, track=load_params(path, sections=("track",)).track)
+    return load_pipeline_section(MTRouterRun, path, "mtrouter")
 
 
 def check_run(run: MTRouterRun) -> None:

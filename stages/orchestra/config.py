@@ -3,7 +3,6 @@ with an unknown-key check and checked against the pool, prices and devices befor
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,9 +10,8 @@ from pathlib import Path
 from models.orchestrator.config import OrchestraConfig, orchestra_config
 from models.orchestrator.lm import resolve_device
 from models.orchestrator.rl import rl_config
-from routerops.config import TrackConfig, load_params, load_section
+from routerops.config import TrackConfig, load_pipeline_section
 from routerops.errors import InputError
-from routerops.files import read_yaml_mapping
 from routerops.layout import Layout
 from routerops.pricing import check_pool_priced, load_pool, load_price_book
 from routerops.workers import check_pool_runnable
@@ -134,16 +132,10 @@ class OrchestraRun:
 
 
 def load_run(path: str | Path = "params.yaml") -> OrchestraRun:
-    raw = read_yaml_mapping(path).get("orchestra", {}) or {}
-    if isinstance(raw, dict) and "track" in raw:
-        raise InputError(path, "orchestra.track", "unknown key (tracking is the top-level `track` section)")
-    run = load_section(OrchestraRun, raw, path, "orchestra")
-    for name in ("anonymize_workers", "worker_cache"):
-        if not isinstance(getattr(run, name), bool):
-            raise InputError(path, f"orchestra.{name}", f"expected true or false, got {getattr(run, name)!r}")
+    run = load_pipeline_section(OrchestraRun, path, "orchestra")
     lm_config(run, path)  # the LM sections are checked at load too, before any stage runs
     rl_config(run.rl, str(path))
-    return dataclasses.replace(run, track=load_params(path, sections=("track",)).track)
+    return run
 
 
 def check_run(run: OrchestraRun, layout: Layout, params: Path) -> None:
