@@ -91,6 +91,8 @@ def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, w
     kw = dict(horizon=cfg.tree.horizon, rewards=cfg.rewards, draft_tail=cfg.prompts.draft_tail_tokens)
     out = {"controllers": {}, "training": {}}
     warm_rows = split["train"][: cfg.tree.warmup_queries]
+    if variants is not None and not variants:  # CoRL only
+        return _corl(cfg, table, split, seed, work, model_cache, folder, rows, warm_rows, out) if corl else out
     adapter = warmup(cfg, table, warm_rows, work / f"seed{seed}" / "warmup", seed, model_cache) if len(warm_rows) else None
     model, tokenizer = load_controller_model(cfg.model, adapter, resolve_device(cfg.rl.device, cfg.source), model_cache)
     before = greedy_episodes(make_controller(model, tokenizer, cfg.generation, temperature=0.0, seed=seed),
@@ -126,6 +128,12 @@ def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, w
         del trainer, controller
     if not corl:
         return out
+    return _corl(cfg, table, split, seed, work, model_cache, folder, rows, warm_rows, out)
+
+
+def _corl(cfg: CritiqueLMConfig, table: OutcomeTable, split: dict, seed: int, work: Path, model_cache: Path | None,
+          folder: Path, rows: np.ndarray, warm_rows: np.ndarray, out: dict) -> dict:
+    """CoRL: its own warm-up and RL; one controller evaluated greedily in the three budget modes."""
     corl_adapter = warmup(cfg, table, warm_rows, work / f"seed{seed}" / "corl-warmup", seed, model_cache, corl=True) \
         if len(warm_rows) else None
     model, tokenizer = load_controller_model(cfg.model, corl_adapter, resolve_device(cfg.rl.device, cfg.source), model_cache)
@@ -139,6 +147,9 @@ def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, w
     changed = np.mean([a != b for mode in corl for a, b in zip(corl[mode]["decisions"], corl_before[mode]["decisions"])])
     out["corl"] = {mode: {k: v for k, v in row.items() if k != "decisions"} for mode, row in corl.items()}
     out["corl_warmup_only"] = {mode: {k: v for k, v in row.items() if k != "decisions"} for mode, row in corl_before.items()}
+    high = table.correct[rows, np.asarray(corl["high"]["decisions"])]  # 003's goal: high ≈ the expert alone
+    out["corl"]["high_minus_expert_alone"] = paired_bootstrap(high, table.correct[rows, table.strongest],
+                                                              cfg.protocol.bootstrap, seed)
     out["corl"]["decisions_changed_by_rl"] = float(changed)
     out["corl"]["adapter_relative_change"] = summary["adapter_relative_change"]
     out["training"]["corl"] = summary
@@ -168,7 +179,7 @@ def run_critique_lm(cfg: CritiqueLMConfig, root: str | Path, work: Path, model_c
                                   (lambda part, seed=seed: on_progress({"seed": seed, "partial": part})))
                 for seed in cfg.protocol.seeds}
     summary = {}
-    for name in next(iter(per_seed.values()))["controllers"]:
+    for name in next(iter(per_seed.values())).get("controllers", {}):
         runs = [per_seed[s]["controllers"][name] for s in per_seed]
         summary[name] = {k: float(np.mean([r[k] for r in runs])) for k in
                          ("accuracy", "strong_call_share", "calls_per_query", "usd_per_query", "verify:accuracy",
