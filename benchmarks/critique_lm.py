@@ -6,7 +6,10 @@ router and the cascade at the controller's strong-agent share. Writes wall time,
 
     OMP_WAIT_POLICY=PASSIVE flock /tmp/routerops-bench.lock nice -n 10 python benchmarks/critique_lm.py \\
         [--params params.yaml] [--variants with_multipliers] [--corl] [--seeds 0] \\
-        [--out benchmarks/results/critique_lm.json]
+        [--out benchmarks/results/critique_lm.json] [--eval-queries N] [--steps S] [--corl-steps S]
+        [--multiplier-lr η] [--threads T]
+
+`--variants` with no name and `--corl`: the CoRL controller only (no critique warm-up).
 """
 
 from __future__ import annotations
@@ -40,14 +43,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corl", action="store_true", help="also train and evaluate the CoRL controller")
     parser.add_argument("--seeds", nargs="*", type=int, default=None, help="default: protocol.seeds' first")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "critique_lm.json")
+    parser.add_argument("--eval-queries", type=int, default=None, help="protocol.eval_queries (0 = the whole test split)")
+    parser.add_argument("--steps", type=int, default=None, help="tree.steps (critique RL steps)")
+    parser.add_argument("--corl-steps", type=int, default=None, help="corl.steps")
+    parser.add_argument("--multiplier-lr", type=float, default=None, help="rewards.multiplier_lr (dual ascent, ours)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import torch
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     cfg = load_critique_lm_config(args.params)
     seeds = tuple(args.seeds) if args.seeds else cfg.protocol.seeds[:1]
-    cfg = dataclasses.replace(cfg, protocol=dataclasses.replace(cfg.protocol, seeds=seeds))
+    protocol = dataclasses.replace(cfg.protocol, seeds=seeds, **({} if args.eval_queries is None else
+                                                                  {"eval_queries": args.eval_queries}))
+    tree = cfg.tree if args.steps is None else dataclasses.replace(cfg.tree, steps=args.steps)
+    corl_cfg = cfg.corl if args.corl_steps is None else dataclasses.replace(cfg.corl, steps=args.corl_steps)
+    rewards = cfg.rewards if args.multiplier_lr is None else dataclasses.replace(cfg.rewards, multiplier_lr=args.multiplier_lr)
+    cfg = dataclasses.replace(cfg, protocol=protocol, tree=tree, corl=corl_cfg, rewards=rewards)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="critique-lm-") as work:
         def partial(state: dict) -> None:  # what is known so far, in case the run is cut short
@@ -56,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                                       **state}, args.out.with_name(args.out.stem + "_partial.json"))
 
         result = run_critique_lm(cfg, REPO, Path(work), variants=args.variants, corl=args.corl, on_progress=partial)
+    result["command"] = " ".join(["python", "benchmarks/critique_lm.py", *(argv if argv is not None else sys.argv[1:])])
     result["wall_s"] = time.perf_counter() - started
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     result["machine"] = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),

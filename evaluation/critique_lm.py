@@ -91,6 +91,8 @@ def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, w
     kw = dict(horizon=cfg.tree.horizon, rewards=cfg.rewards, draft_tail=cfg.prompts.draft_tail_tokens)
     out = {"controllers": {}, "training": {}}
     warm_rows = split["train"][: cfg.tree.warmup_queries]
+    if variants is not None and not variants:  # CoRL only
+        return _corl(cfg, table, split, seed, work, model_cache, folder, rows, warm_rows, out, on_progress) if corl else out
     adapter = warmup(cfg, table, warm_rows, work / f"seed{seed}" / "warmup", seed, model_cache) if len(warm_rows) else None
     model, tokenizer = load_controller_model(cfg.model, adapter, resolve_device(cfg.rl.device, cfg.source), model_cache)
     before = greedy_episodes(make_controller(model, tokenizer, cfg.generation, temperature=0.0, seed=seed),
@@ -126,19 +128,39 @@ def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, w
         del trainer, controller
     if not corl:
         return out
+    return _corl(cfg, table, split, seed, work, model_cache, folder, rows, warm_rows, out, on_progress)
+
+
+def _corl(cfg: CritiqueLMConfig, table: OutcomeTable, split: dict, seed: int, work: Path, model_cache: Path | None,
+          folder: Path, rows: np.ndarray, warm_rows: np.ndarray, out: dict,
+          on_progress: Callable[[dict], None] | None = None) -> dict:
+    """CoRL: its own warm-up and RL; one controller evaluated greedily in the three budget modes."""
     corl_adapter = warmup(cfg, table, warm_rows, work / f"seed{seed}" / "corl-warmup", seed, model_cache, corl=True) \
         if len(warm_rows) else None
     model, tokenizer = load_controller_model(cfg.model, corl_adapter, resolve_device(cfg.rl.device, cfg.source), model_cache)
     corl_before = corl_greedy(make_controller(model, tokenizer, cfg.generation, temperature=0.0, seed=seed), table, rows,
                               cfg.corl.budgets)
     del model
+    report = on_progress or (lambda _: None)
+    before = {mode: {k: v for k, v in row.items() if k != "decisions"} for mode, row in corl_before.items()}
+    report({**out, "corl_warmup_only": before})
+    steps: list[dict] = []
+
+    def step_done(s: int, r: dict) -> None:
+        log.info("seed %d corl step %d: %s", seed, s, r)
+        steps.append(r)
+        report({**out, "corl_warmup_only": before, "training_in_progress": {"corl": steps}})
+
     trainer, summary = train_controller(cfg, table, split["train"], folder, seed, corl=True, sft_adapter=corl_adapter,
-                                        progress=lambda s, r: log.info("seed %d corl step %d: %s", seed, s, r))
+                                        progress=step_done)
     corl = corl_greedy(make_controller(trainer.model, trainer.tokenizer, cfg.generation, temperature=0.0, seed=seed),
                        table, rows, cfg.corl.budgets)
     changed = np.mean([a != b for mode in corl for a, b in zip(corl[mode]["decisions"], corl_before[mode]["decisions"])])
     out["corl"] = {mode: {k: v for k, v in row.items() if k != "decisions"} for mode, row in corl.items()}
     out["corl_warmup_only"] = {mode: {k: v for k, v in row.items() if k != "decisions"} for mode, row in corl_before.items()}
+    high = table.correct[rows, np.asarray(corl["high"]["decisions"])]  # 003's goal: high ≈ the expert alone
+    out["corl"]["high_minus_expert_alone"] = paired_bootstrap(high, table.correct[rows, table.strongest],
+                                                              cfg.protocol.bootstrap, seed)
     out["corl"]["decisions_changed_by_rl"] = float(changed)
     out["corl"]["adapter_relative_change"] = summary["adapter_relative_change"]
     out["training"]["corl"] = summary
@@ -168,7 +190,7 @@ def run_critique_lm(cfg: CritiqueLMConfig, root: str | Path, work: Path, model_c
                                   (lambda part, seed=seed: on_progress({"seed": seed, "partial": part})))
                 for seed in cfg.protocol.seeds}
     summary = {}
-    for name in next(iter(per_seed.values()))["controllers"]:
+    for name in next(iter(per_seed.values())).get("controllers", {}):
         runs = [per_seed[s]["controllers"][name] for s in per_seed]
         summary[name] = {k: float(np.mean([r[k] for r in runs])) for k in
                          ("accuracy", "strong_call_share", "calls_per_query", "usd_per_query", "verify:accuracy",

