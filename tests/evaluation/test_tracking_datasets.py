@@ -142,6 +142,7 @@ def test_integer_columns_of_a_logged_table_raise_no_model_signature_hint(tmp_pat
     book = tmp_path / "book.yaml"
     book.write_text(yaml.safe_dump(PRICE_BOOK))
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_experiment("integer-columns")  # not the experiment id an earlier test left active
     try:
         with warnings.catch_warnings(record=True) as caught, mlflow.start_run():
             warnings.simplefilter("always")
