@@ -51,7 +51,9 @@ def test_the_summary_gives_the_bootstrap_interval_when_the_run_computed_one(tmp_
 def test_the_console_shows_each_warning_once_and_the_file_keeps_everything(tmp_path, capsys):
     console = logging.StreamHandler()  # what Prefect's console handler is to the root logger
     root = logging.getLogger()
-    root.addHandler(console)
+    # The only console handler, as in `make demo`: earlier tests of the suite leave theirs on the root
+    # logger (Prefect's, or one whose captured stream is closed), which would see the records first.
+    saved, root.handlers = root.handlers[:], [console]
     try:
         with run_log(tmp_path / "logs/run.log") as log_file:
             chatty = logging.getLogger("some.library")
@@ -62,7 +64,7 @@ def test_the_console_shows_each_warning_once_and_the_file_keeps_everything(tmp_p
             logging.getLogger("prefect.task_runs").info("Task run 'collect' - Finished in state Completed()")
             chatty.error("a real failure")
     finally:
-        root.removeHandler(console)
+        root.handlers = saved
     err = capsys.readouterr().err
     assert err.count("Hint: inferred schema") == 1 and err.count("UserWarning: a library's hint") == 1
     assert "loading weights" not in err and "Finished in state Completed()" in err and "a real failure" in err
