@@ -23,7 +23,7 @@ from routerops.errors import InputError, RouteropsError
 from routerops.files import check_output
 from routerops.publishing import POOL, PRICES, published_event_name
 from stages import STAGES, resolve, run_stage
-from stages.run_command import add_run_parser
+from stages.run_command import PIPELINES, add_run_parser
 
 
 def stage_command(args: argparse.Namespace) -> None:
@@ -187,9 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
+    if not (args.command == "run" and PIPELINES[args.name].flow):  # a flow logs through Prefect's console
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # and run_log
     if args.command == "gateway":  # its options belong to gateway/cli.py's parser
         args.rest = [*args.rest, *unknown]
     elif unknown:
