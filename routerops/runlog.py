@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,6 @@ def run_log(path: Path, console_loggers: Sequence[str] = CONSOLE_LOGGERS) -> Ite
                         if isinstance(lg, logging.Logger) and not lg.propagate and lg.handlers]
     touched: list[tuple[logging.Handler, logging.Filter]] = []
     levels = {lg: lg.level for lg in loggers}
-    captured = logging.captureWarnings
     for logger in loggers:
         logger.addHandler(to_file)
         for handler in _console_handlers(logger):
@@ -74,10 +74,17 @@ def run_log(path: Path, console_loggers: Sequence[str] = CONSOLE_LOGGERS) -> Ite
             touched.append((handler, console))
     if root.level > logging.INFO or root.level == logging.NOTSET:
         root.setLevel(logging.INFO)  # library INFO lines reach the file; the console filter drops them
-    captured(True)  # Python warnings become `py.warnings` records: to the file, and once to the console
+    # Python warnings become `py.warnings` records: to the file, and once to the console. Off first:
+    # captureWarnings(True) installs nothing while an earlier capture is still on, and pytest's (or any
+    # caller's) warnings.catch_warnings may have put its own showwarning back since.
+    shown_by = warnings.showwarning
+    logging.captureWarnings(False)
+    logging.captureWarnings(True)
     try:
         yield path
     finally:
+        logging.captureWarnings(False)  # a block that ends leaves Python's warnings as it found them
+        warnings.showwarning = shown_by
         for handler, flt in touched:
             handler.removeFilter(flt)
         for logger, level in levels.items():

@@ -71,3 +71,15 @@ def test_the_console_shows_each_warning_once_and_the_file_keeps_everything(tmp_p
     text = log_file.read_text()
     assert text.count("Hint: inferred schema") == 3 and "loading weights" in text and "a real failure" in text
     assert not ConsoleFilter().filter(logging.makeLogRecord({"name": "x", "levelno": logging.INFO, "msg": "m"}))
+
+
+def test_a_second_run_log_still_captures_warnings_after_a_caller_resets_them(tmp_path):
+    """The suite's order that broke CI: one run_log, then pytest's per-test catch_warnings puts its own
+    showwarning back, then another run_log must route Python warnings to its file again."""
+    with run_log(tmp_path / "first.log"):
+        pass
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        with run_log(tmp_path / "second.log") as log_file:
+            warnings.warn("seen by the second log", UserWarning)
+    assert "seen by the second log" in log_file.read_text()
