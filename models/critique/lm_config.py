@@ -125,9 +125,21 @@ class CorlLMSettings:
 
     budgets: tuple = (0.001, 0.02, 1000.0)  # B (USD per query), low / medium / high
     steps: int = 8  # RL steps (003 App. A: 500). CPU cut
-    queries_per_step: int = 4  # each with a mode drawn uniformly (§3.3)
+    queries_per_step: int = 4  # each with a mode drawn uniformly (§3.3), or in every mode (paired_modes)
+    # Ours: each drawn query in all three modes in the same step, so one update sees the same question
+    # pushed towards "self" under low and towards the expert under high; with one mode per query (003
+    # §3.3) the mode word only separates the decisions across steps, and a step whose signal is all
+    # low-mode (expert over budget) moved every mode to "self" (issue 24's first CoRL run).
+    paired_modes: bool = True
+    # The warm-up's choice per (query, mode): "outcome" = the one that earns r_p·1(cost ≤ B) on that
+    # training row (self on a tie: mostly self in every mode, so RL starts from a greedy "self" policy);
+    # "balanced" = self and the expert on alternating training rows, the same in every mode: the warm-up
+    # teaches only the format and a flat prior, and any ordering of the modes is RL's doing.
+    warmup_choice: str = "balanced"
 
     def validate(self, source: str, where: str) -> None:
+        if self.warmup_choice not in ("outcome", "balanced"):
+            raise InputError(source, f"{where}.warmup_choice", "expected outcome or balanced")
         if len(self.budgets) != 3 or not all(isinstance(b, (int, float)) and b > 0 for b in self.budgets):
             raise InputError(source, f"{where}.budgets", "expected 3 positive numbers (low, medium, high)")
         if list(self.budgets) != sorted(self.budgets):

@@ -64,8 +64,11 @@ def warmup_rows(cfg: CritiqueLMConfig, table: OutcomeTable, rows: Sequence[int],
         if corl:
             expert = table.agents[strongest]
             for m, budget in enumerate(cfg.corl.budgets):
-                reward = [right[0] * (table.costs[q, 0] <= budget), right[strongest] * (table.costs[q, strongest] <= budget)]
-                choice = expert if reward[1] > reward[0] else SELF
+                if cfg.corl.warmup_choice == "balanced":  # format and a flat prior only (CorlLMSettings)
+                    choice = expert if q % 2 else SELF
+                else:
+                    reward = [right[0] * (table.costs[q, 0] <= budget), right[strongest] * (table.costs[q, strongest] <= budget)]
+                    choice = expert if reward[1] > reward[0] else SELF
                 out.append({"task_id": f"{q}:{MODES[m]}", "messages": corl_messages(table.questions[q], expert, MODES[m], table.template)
                             + [{"role": "assistant", "content": routing_target(THINKING, choice)}]})
             continue
@@ -123,6 +126,15 @@ def warmup(cfg: CritiqueLMConfig, table: OutcomeTable, rows: Sequence[int], out_
     path.write_text("".join(json.dumps(r) + "\n" for r in data))
     run = OrchestraConfig(model=cfg.model, sft=dataclasses.replace(cfg.sft, seed=seed), source=cfg.source)
     return train_sft(run, path, out_dir / "sft", resume=False, model_cache=model_cache).adapter_dir
+
+
+def corl_draw(rng: np.random.Generator, rows: np.ndarray, n: int, paired: bool) -> tuple[np.ndarray, np.ndarray]:
+    """One step's CoRL states: n training rows, each with a mode drawn uniformly (003 §3.3) or, paired,
+    each in every mode (CorlLMSettings.paired_modes)."""
+    queries = rng.choice(rows, size=min(n, len(rows)), replace=False)
+    if not paired:
+        return queries, rng.integers(0, len(MODES), size=len(queries))
+    return np.repeat(queries, len(MODES)), np.tile(np.arange(len(MODES)), len(queries))
 
 
 def adapter_vector(model: torch.nn.Module) -> torch.Tensor:
@@ -199,8 +211,7 @@ def train_controller(cfg: CritiqueLMConfig, table: OutcomeTable, train_rows: Seq
         if hasattr(controller, "sync"):  # the fast sampler's merged copy follows the last update
             controller.sync()
         if corl:
-            queries = rng.choice(rows, size=min(cfg.corl.queries_per_step, len(rows)), replace=False)
-            modes = rng.integers(0, len(MODES), size=len(queries))  # 003 §3.3: a mode drawn per sample
+            queries, modes = corl_draw(rng, rows, cfg.corl.queries_per_step, cfg.corl.paired_modes)
             nodes = corl_rollout(controller, table, queries, modes, cfg.tree.group, cfg.corl.budgets,
                                  cfg.rewards.malformed_penalty)
         else:

@@ -4,6 +4,7 @@ budget passed through, and the warm-up targets (they parse back to the decisions
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 
@@ -17,7 +18,7 @@ from models.critique.lm_config import critique_lm_config  # noqa: E402
 from models.critique.lm_env import OutcomeTable, TreeNode, parse_turn, rollout_tree, turn_messages, turn_step  # noqa: E402
 from models.critique.lm_evaluate import at_share, episode_metrics, greedy_episodes, paired_bootstrap  # noqa: E402
 from models.critique.lm_prompts import parse_corl, routing_target, verification_target  # noqa: E402
-from models.critique.lm_train import adapter_vector, train_controller, update, warmup_rows  # noqa: E402
+from models.critique.lm_train import adapter_vector, corl_draw, train_controller, update, warmup_rows  # noqa: E402
 from models.critique.tree_advantages import tree_backward_pass  # noqa: E402
 from routerops.orchestra.controller import ControllerTurn, Message  # noqa: E402
 
@@ -108,8 +109,32 @@ def test_warmup_targets_parse_back_to_the_decisions_they_encode():
         else:  # the logged correctness of Mixtral's draft
             assert step.verdict == bool(TABLE.correct[int(q), 0])
         assert msgs == turn_messages(TABLE, int(q), author, CFG.prompts.draft_tail_tokens)
-    corl = warmup_rows(CFG, TABLE, [1], None, corl=True)
+    outcome = dataclasses.replace(CFG, corl=dataclasses.replace(CFG.corl, warmup_choice="outcome"))
+    corl = warmup_rows(outcome, TABLE, [1], None, corl=True)
     assert [parse_corl(r["messages"][-1]["content"], "GPT-4").model for r in corl] == [0, 1, 1]  # low, medium, high
+
+
+def test_balanced_corl_warmup_is_the_same_in_every_mode_and_half_expert():
+    """The default warm-up teaches CoRL's format and a flat prior: whatever ordering of the modes the
+    trained controller shows comes from RL, not from the warm-up's labels."""
+    assert CFG.corl.warmup_choice == "balanced"
+    rows = warmup_rows(CFG, TABLE, [0, 1, 2, 3], None, corl=True)
+    picks = {}
+    for r in rows:
+        q, mode = r["task_id"].split(":")
+        picks.setdefault(q, []).append(parse_corl(r["messages"][-1]["content"], "GPT-4").model)
+    assert all(len(set(p)) == 1 and len(p) == 3 for p in picks.values())  # one choice per query, all modes
+    assert sorted(p[0] for p in picks.values()) == [0, 0, 1, 1]
+
+
+def test_paired_corl_steps_put_each_drawn_query_in_every_mode():
+    rng = np.random.default_rng(0)
+    queries, modes = corl_draw(rng, np.arange(10), 4, paired=True)
+    assert len(queries) == 12 and len(set(queries.tolist())) == 4
+    for q in set(queries.tolist()):
+        assert sorted(modes[queries == q].tolist()) == [0, 1, 2]
+    queries, modes = corl_draw(rng, np.arange(10), 4, paired=False)  # 003 §3.3: one mode per query
+    assert len(queries) == len(set(queries.tolist())) == 4 and set(modes.tolist()) <= {0, 1, 2}
 
 
 @pytest.fixture(scope="module")
