@@ -6,7 +6,7 @@ router and the cascade at the controller's strong-agent share. Writes wall time,
 
     OMP_WAIT_POLICY=PASSIVE flock /tmp/routerops-bench.lock nice -n 10 python benchmarks/critique_lm.py \\
         [--params params.yaml] [--variants with_multipliers] [--corl] [--seeds 0] \\
-        [--out benchmarks/results/critique_lm.json] [--eval-queries N] [--steps S] [--corl-steps S]
+        [--out benchmarks/results/critique_lm.json] [--eval-queries N] [--steps S] [--queries-per-step Q] [--corl-steps S]
         [--multiplier-lr η] [--threads T]
 
 `--variants` with no name and `--corl`: the CoRL controller only (no critique warm-up).
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "critique_lm.json")
     parser.add_argument("--eval-queries", type=int, default=None, help="protocol.eval_queries (0 = the whole test split)")
     parser.add_argument("--steps", type=int, default=None, help="tree.steps (critique RL steps)")
+    parser.add_argument("--queries-per-step", type=int, default=None, help="tree.queries_per_step (|D_b|)")
     parser.add_argument("--corl-steps", type=int, default=None, help="corl.steps")
     parser.add_argument("--multiplier-lr", type=float, default=None, help="rewards.multiplier_lr (dual ascent, ours)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
@@ -57,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = tuple(args.seeds) if args.seeds else cfg.protocol.seeds[:1]
     protocol = dataclasses.replace(cfg.protocol, seeds=seeds, **({} if args.eval_queries is None else
                                                                   {"eval_queries": args.eval_queries}))
-    tree = cfg.tree if args.steps is None else dataclasses.replace(cfg.tree, steps=args.steps)
+    tree = dataclasses.replace(cfg.tree, **{k: v for k, v in (("steps", args.steps),
+                                                                ("queries_per_step", args.queries_per_step)) if v is not None})
     corl_cfg = cfg.corl if args.corl_steps is None else dataclasses.replace(cfg.corl, steps=args.corl_steps)
     rewards = cfg.rewards if args.multiplier_lr is None else dataclasses.replace(cfg.rewards, multiplier_lr=args.multiplier_lr)
     cfg = dataclasses.replace(cfg, protocol=protocol, tree=tree, corl=corl_cfg, rewards=rewards)

@@ -102,6 +102,11 @@ class TreeSettings:
     # prepared (old and reference log-probs) before the first update, PPO-style. Bounds the memory:
     # 16 conversations of ~300 tokens held ~13 GB on SmolLM2 (killed by the OOM killer, measured).
     minibatch: int = 4
+    # Ours: the minibatches of one RL step accumulate into one AdamW update (RLTrainer.step_accumulated).
+    # false = one update per minibatch (PPO-style epochs): a minibatch of 4 whose advantages all point one
+    # way then takes a full Adam step; with 32 CoRL nodes that was 8 such steps, and the first RL step
+    # moved every budget mode from 0.5–0.7 expert calls to 0 (measured, issue 24).
+    accumulate: bool = True
     warmup_queries: int = 24  # train queries whose outcomes build the SFT format warm-up (0 = none)
 
     def validate(self, source: str, where: str) -> None:
@@ -133,8 +138,10 @@ class CorlLMSettings:
     paired_modes: bool = True
     # The warm-up's choice per (query, mode): "outcome" = the one that earns r_p·1(cost ≤ B) on that
     # training row (self on a tie: mostly self in every mode, so RL starts from a greedy "self" policy);
-    # "balanced" = self and the expert on alternating training rows, the same in every mode: the warm-up
-    # teaches only the format and a flat prior, and any ordering of the modes is RL's doing.
+    # "balanced" = every (row, mode) prompt twice, once with each choice: the SFT loss is least at an even
+    # prior in every mode, so the warm-up teaches the format and any ordering of the modes is RL's doing.
+    # (Alternating choices by row instead left a greedy "expert" in every mode and 96 % expert samples at
+    # T = 0.7 after 12 warm-up steps: no group had both actions, and RL never updated.)
     warmup_choice: str = "balanced"
 
     def validate(self, source: str, where: str) -> None:

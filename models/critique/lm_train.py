@@ -65,12 +65,13 @@ def warmup_rows(cfg: CritiqueLMConfig, table: OutcomeTable, rows: Sequence[int],
             expert = table.agents[strongest]
             for m, budget in enumerate(cfg.corl.budgets):
                 if cfg.corl.warmup_choice == "balanced":  # format and a flat prior only (CorlLMSettings)
-                    choice = expert if q % 2 else SELF
+                    choices = [SELF, expert]
                 else:
                     reward = [right[0] * (table.costs[q, 0] <= budget), right[strongest] * (table.costs[q, strongest] <= budget)]
-                    choice = expert if reward[1] > reward[0] else SELF
-                out.append({"task_id": f"{q}:{MODES[m]}", "messages": corl_messages(table.questions[q], expert, MODES[m], table.template)
-                            + [{"role": "assistant", "content": routing_target(THINKING, choice)}]})
+                    choices = [expert if reward[1] > reward[0] else SELF]
+                prompt = corl_messages(table.questions[q], expert, MODES[m], table.template)
+                out.extend({"task_id": f"{q}:{MODES[m]}", "messages": prompt + [{"role": "assistant", "content":
+                            routing_target(THINKING, choice)}]} for choice in choices)
             continue
         first = next((k for k in range(len(table.agents)) if right[k]), strongest)
         out.append({"task_id": f"{q}:1", "messages": turn_messages(table, q, -1, cfg.prompts.draft_tail_tokens, tokenizer)
@@ -150,8 +151,10 @@ def node_weights(nodes: Sequence[TreeNode], horizon: int) -> np.ndarray:
     return w / w.mean()
 
 
-def update(trainer: RLTrainer, nodes: Sequence[TreeNode], minibatch: int, max_seq_len: int) -> dict[str, float]:
-    """RLTrainer.step on the nodes with signal, in minibatches (all prepared before the first step)."""
+def update(trainer: RLTrainer, nodes: Sequence[TreeNode], minibatch: int, max_seq_len: int,
+           accumulate: bool = False) -> dict[str, float]:
+    """RLTrainer.step on the nodes with signal, in minibatches (all prepared before the first step), or
+    with `accumulate` one RLTrainer.step_accumulated over all the minibatches."""
     live = [n for n in nodes if abs(n.advantage) > 1e-12]
     if not live:
         return {"updated_nodes": 0.0}
@@ -161,8 +164,8 @@ def update(trainer: RLTrainer, nodes: Sequence[TreeNode], minibatch: int, max_se
         batch = RolloutBatch.from_conversations(
             trainer.tokenizer, [n.messages + [{"role": "assistant", "content": n.output.text}] for n in part],
             [[n.advantage] for n in part], [[n.output] for n in part], max_length=max_seq_len)
-        batches.append(batch if len(live) <= minibatch else trainer.prepare(batch))
-    stats = [trainer.step(b) for b in batches]
+        batches.append(batch if accumulate or len(live) <= minibatch else trainer.prepare(batch))
+    stats = [trainer.step_accumulated(batches)] if accumulate else [trainer.step(b) for b in batches]
     keys = stats[0].keys()
     out = {k: float(np.mean([s[k] for s in stats])) for k in keys}
     out["updated_nodes"] = float(len(live))
@@ -225,7 +228,7 @@ def train_controller(cfg: CritiqueLMConfig, table: OutcomeTable, train_rows: Seq
         for n, a, w in zip(nodes, adv, weights):
             n.advantage = float(a * w)
         t1 = time.perf_counter()
-        stats = update(trainer, nodes, cfg.tree.minibatch, settings.max_seq_len)
+        stats = update(trainer, nodes, cfg.tree.minibatch, settings.max_seq_len, cfg.tree.accumulate)
         update_s = time.perf_counter() - t1
         generated += sum(n.output.completion_tokens for n in nodes)
         trained += int(stats.get("trained_tokens", 0))

@@ -633,25 +633,42 @@ class RLTrainer:
         the weights are those `prepare` would have used a moment earlier, so the values are the same
         (ρ = 1 exactly) for one forward pass fewer (TRL's GRPOTrainer does the same at num_iterations =
         1; benchmarks/rl_step.py measures it). Only the reference's no-grad pass runs first."""
+        return self.step_accumulated([batch])
+
+    def step_accumulated(self, batches: Sequence[RolloutBatch]) -> dict[str, float]:
+        """One AdamW update on several minibatches: each one's backward pass in turn (memory stays at one
+        minibatch), its loss weighted by its share of the controller tokens, so the update follows the
+        gradient of the one token mean over all of them (policy_loss's averaging) and a minibatch whose
+        advantages all point one way cannot take a full Adam step of its own. Diagnostics are the
+        token-weighted means over the minibatches; `step` with one batch is this."""
         started = time.perf_counter()
-        batch = batch.to(self.device)
-        if batch.ref_logprobs is None:
-            batch = dataclasses.replace(batch, ref_logprobs=self.logprobs(batch, reference=True))
-        new = sequence_logprobs(self.model, batch, self.settings.temperature)
-        old = torch.where(batch.old_known, batch.old_logprobs, new.detach())
-        loss, stats = policy_loss(new, old, batch.ref_logprobs, batch.advantages, batch.mask,
-                                  self.settings.clip_epsilon, self.settings.kl_beta)
-        if not torch.isfinite(loss):
-            raise RouteropsError(f"RL step {self.step_count + 1}: the loss is {float(loss)}; no update made")
+        tokens = [int(b.mask.sum()) for b in batches]
+        total = max(sum(tokens), 1)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        parts: list[tuple[float, dict, float]] = []
+        for batch, n in zip(batches, tokens):
+            batch = batch.to(self.device)
+            if batch.ref_logprobs is None:
+                batch = dataclasses.replace(batch, ref_logprobs=self.logprobs(batch, reference=True))
+            new = sequence_logprobs(self.model, batch, self.settings.temperature)
+            old = torch.where(batch.old_known, batch.old_logprobs, new.detach())
+            loss, stats = policy_loss(new, old, batch.ref_logprobs, batch.advantages, batch.mask,
+                                      self.settings.clip_epsilon, self.settings.kl_beta)
+            if not torch.isfinite(loss):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise RouteropsError(f"RL step {self.step_count + 1}: the loss is {float(loss)}; no update made")
+            (loss * (n / total)).backward()
+            parts.append((float(loss.detach()), stats, float(new.detach()[batch.mask.bool()].mean())))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.settings.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
-        mask = batch.mask.bool()
-        return {"loss": float(loss.detach()), **stats, "grad_norm": float(grad_norm),
-                "logprob": float(new.detach()[mask].mean()), "step": float(self.step_count),
+        weights = [n / total for n in tokens]
+        mean = lambda values: float(sum(w * v for w, v in zip(weights, values)))  # noqa: E731
+        stats = {k: mean([p[1][k] for p in parts]) for k in parts[0][1]}
+        stats["tokens"] = float(sum(p[1]["tokens"] for p in parts))
+        return {"loss": mean([p[0] for p in parts]), **stats, "grad_norm": float(grad_norm),
+                "logprob": mean([p[2] for p in parts]), "step": float(self.step_count),
                 "seconds": time.perf_counter() - started}
 
     @property

@@ -371,3 +371,33 @@ def test_a_step_on_an_unprepared_batch_is_the_step_on_the_prepared_one(smollm2_f
     for (name, a), (_, b) in zip(prepared.model.named_parameters(), direct.model.named_parameters()):
         if a.requires_grad:
             assert torch.allclose(a, b, rtol=1e-6, atol=1e-9), name
+
+
+def recording_gradients(trainer) -> list:
+    """The gradients each optimizer step sees (Adam's first step is ±lr wherever the gradient is not
+    ~0, so the weights alone would hide float noise as sign flips of near-zero gradients)."""
+    seen, step = [], trainer.optimizer.step
+
+    def record(*args, **kwargs):
+        seen.append([p.grad.detach().clone() for p in trainer.parameters])
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = record
+    return seen
+
+
+def test_accumulated_minibatches_make_the_update_of_their_union(tokenizer, smollm2_folder, chosen):
+    # step_accumulated weights each minibatch's token mean by its share of the tokens: one AdamW update
+    # that follows the gradient of the whole batch's token mean (the critique/CoRL `tree.accumulate`).
+    whole = RolloutBatch.from_conversations(tokenizer, chosen, ADVANTAGES, max_length=200)
+    parts = [RolloutBatch.from_conversations(tokenizer, [c], [a], max_length=200) for c, a in zip(chosen, ADVANTAGES)]
+    one, split = RLTrainer.create(SETTINGS, smollm2_folder), RLTrainer.create(SETTINGS, smollm2_folder)
+    expected_grads, got_grads = recording_gradients(one), recording_gradients(split)
+    expected = one.step(whole)
+    got = split.step_accumulated(parts)
+    assert got["step"] == 1 and got["tokens"] == expected["tokens"]
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-4, abs=1e-7)
+    assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-3)
+    assert len(expected_grads) == len(got_grads) == 1  # one optimizer step each
+    for a, b in zip(expected_grads[0], got_grads[0]):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-4 * float(a.abs().max()) + 1e-12)  # padding: float noise
