@@ -143,8 +143,15 @@ class CorlLMSettings:
     # (Alternating choices by row instead left a greedy "expert" in every mode and 96 % expert samples at
     # T = 0.7 after 12 warm-up steps: no group had both actions, and RL never updated.)
     warmup_choice: str = "balanced"
+    # RL learning rate of the CoRL controller (0: critique_lm.rl.learning_rate). Its decision is one
+    # token after an even warm-up prior: at 2e-4 a single accumulated AdamW step took every budget mode
+    # from 0.5–0.7 expert calls to 0 (low mode's "self" push is the larger shared direction), no group
+    # had both actions afterwards and RL stopped (measured, issue 24). 003 App. A: 1e-6 (7B, full FT).
+    learning_rate: float = 0.0
 
     def validate(self, source: str, where: str) -> None:
+        if self.learning_rate < 0:
+            raise InputError(source, f"{where}.learning_rate", "must be ≥ 0 (0: rl.learning_rate)")
         if self.warmup_choice not in ("outcome", "balanced"):
             raise InputError(source, f"{where}.warmup_choice", "expected outcome or balanced")
         if len(self.budgets) != 3 or not all(isinstance(b, (int, float)) and b > 0 for b in self.budgets):

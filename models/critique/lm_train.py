@@ -200,6 +200,8 @@ def train_controller(cfg: CritiqueLMConfig, table: OutcomeTable, train_rows: Seq
     """RL of the critique controller (xi: per agent, weaker → stronger) or of the CoRL controller."""
     rng = np.random.default_rng(seed)
     settings = dataclasses.replace(cfg.rl, seed=seed, max_steps=cfg.corl.steps if corl else cfg.tree.steps)
+    if corl and cfg.corl.learning_rate > 0:
+        settings = dataclasses.replace(settings, learning_rate=cfg.corl.learning_rate)
     trainer = RLTrainer.create(settings, base_folder, sft_adapter)
     start_vector = adapter_vector(trainer.model)
     controller = make_controller(trainer.model, trainer.tokenizer, cfg.generation, temperature=settings.temperature,

@@ -193,6 +193,16 @@ def test_train_controller_runs_the_tree_through_the_shared_core(tiny_folder):
     assert np.isfinite(summary["adapter_relative_change"])
 
 
+def test_corl_training_pairs_the_modes_and_uses_its_own_learning_rate(tiny_folder):
+    cfg = critique_lm_config({"corl": {"steps": 1, "queries_per_step": 2, "learning_rate": 3e-5},
+                              "tree": {"group": 2}, "generation": {"max_new_tokens": 8}})
+    trainer, summary = train_controller(cfg, TABLE, [0, 1, 2, 3], tiny_folder, seed=0, corl=True)
+    assert trainer.settings.learning_rate == 3e-5  # not critique_lm.rl.learning_rate
+    assert summary["history"][0]["nodes"] == 2 * 3 * 2  # 2 queries × 3 modes × G = 2
+    row = summary["history"][0]
+    assert all(f"expert_share:{m}" in row for m in ("low", "medium", "high"))
+
+
 def test_warmup_rejections_fit_the_turn_cap_with_slack_so_sampling_does_not_cut_them():
     """A False target carries <model>NAME</model>; with a digit-heavy final line it used to exceed the
     48-token cap (a cut turn is malformed and acts as accept − penalty, teaching RL to always accept)."""
