@@ -82,6 +82,7 @@ def write_results_report(table: pd.DataFrame, csv_path: Path, markdown_path: Pat
 # The training curves of RL runs (the stage's reports/orchestra/rl_curves.png, the variants benchmark's
 # PNG): what each step's group did, one line per run or variant.
 CURVE_PANELS = (("reward/return_mean", "train return V − α·ĉ"), ("success_rate", "train success rate"),
+                ("success_gain_over_sft_probe", "success − SFT's probed rate, same task"),
                 ("kl", "KL to the SFT reference (k3)"), ("reward/usd_mean", "USD per episode"))
 
 

@@ -223,14 +223,16 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
                     executor = Executor(pool, workers, book, executor_config, cache=cache)
                     controller = rl_controller(trainer, generation)
                     try:
-                        visit = task_list
+                        visit, probe_rates = task_list, {}
                         if settings.pool == "signal":
                             visit = await rl_pool(executor, controller, generation, task_list, out_dir, run_id,
                                                   settings.probe_samples, record["sft_adapter_sha256"])
+                            probe_rates = json.loads((out_dir / RL_POOL_FILE).read_text())["success_rate"]
                         while not trainer.finished:
                             task = visit[trainer.step_count % len(visit)]
-                            steps.append(await rl_step(trainer, executor, cfg, controller, generation, task, run_id, normaliser,
-                                                       rollouts_file))
+                            step = await rl_step(trainer, executor, cfg, controller, generation, task, run_id, normaliser,
+                                                 rollouts_file)
+                            steps.append(with_gain_over_probe(step, probe_rates.get(task.task_id)))
                             tracker(steps[-1])
                             log.info("RL step %d/%d on %s: loss %.4f, mean V %.2f, %.1f s", trainer.step_count,
                                      settings.max_steps, task.task_id, steps[-1]["loss"],
@@ -247,6 +249,7 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
         pool_file = out_dir / RL_POOL_FILE
         probed = json.loads(pool_file.read_text()) if settings.pool == "signal" and pool_file.is_file() else None
         result = {"global_step": trainer.step_count, "resumed_from_step": resumed_from,
+                  "success_gain_over_sft_probe": gain_by_half(steps),
                   "pool": settings.pool, "pool_tasks": probed["pool"] if probed else record["tasks"],
                   "probe_success_rate": probed["success_rate"] if probed else None,
                   "train_seconds": round(time.perf_counter() - started, 3), "checkpoint": str(last),
@@ -270,6 +273,28 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
 
 
 RL_POOL_FILE = "rl_pool.json"  # the signal probe's success rates and the pool it kept
+
+GAIN_KEY = "success_gain_over_sft_probe"
+
+
+def with_gain_over_probe(step: dict, probe_rate: float | None) -> dict:
+    """The step's G-sample success rate minus the SFT policy's probed rate on the same task (same
+    temperature and G): a per-step learning signal with the task's difficulty taken out. The raw train
+    curve visits a different task each step (the pool is cycled), so it follows the pool's order of
+    task families, not the policy; this one is 0 in expectation while the policy is still SFT's."""
+    if probe_rate is not None:
+        step[GAIN_KEY] = float(step["success_rate"]) - float(probe_rate)
+    return step
+
+
+def gain_by_half(steps: list[dict]) -> dict | None:
+    """The mean gain over the probe in the first and the second half of the run's steps."""
+    gains = [s[GAIN_KEY] for s in steps if GAIN_KEY in s]
+    if len(gains) < 2:
+        return None
+    half = len(gains) // 2
+    return {"first_half": sum(gains[:half]) / half, "second_half": sum(gains[half:]) / (len(gains) - half),
+            "steps": len(gains)}
 
 
 async def rl_pool(executor: Executor, controller, generation, candidates: list, out_dir: Path, run_id: str,

@@ -378,3 +378,16 @@ async def test_the_probe_rolls_every_candidate_and_the_pool_is_written_once(tmp_
     assert again == kept and controller.rows == rows  # a resumed run reads the probe back
     with pytest.raises(RouteropsError, match="no train task has a learning signal"):
         await rl_pool(executor, controller, generation, tasks[:2], tmp_path, "run", samples=4)
+
+
+def test_the_gain_over_the_sft_probe_takes_the_tasks_difficulty_out_of_the_train_curve():
+    from stages.orchestra.rl import GAIN_KEY, gain_by_half, with_gain_over_probe
+
+    # The pool is cycled, so successive steps are different tasks: a step's success minus the SFT
+    # policy's probed rate on its own task is what moves with the policy.
+    steps = [with_gain_over_probe({"success_rate": s}, p) for s, p in
+             [(0.5, 0.25), (0.0, 0.5), (1.0, 0.5), (1.0, 0.75)]]
+    assert [s[GAIN_KEY] for s in steps] == [0.25, -0.5, 0.5, 0.25]
+    assert gain_by_half(steps) == {"first_half": -0.125, "second_half": 0.375, "steps": 4}
+    assert GAIN_KEY not in with_gain_over_probe({"success_rate": 1.0}, None)  # curriculum pool: no probe
+    assert gain_by_half([with_gain_over_probe({"success_rate": 1.0}, None)]) is None
