@@ -13,7 +13,9 @@
    (tree_advantages.tree_backward_pass), weighted per query by Alg. 1 line 29's 1/|B_T| (a tree with
    no prefix alive at T counts 1), normalised to mean weight 1. Nodes whose advantage is 0 (every
    sibling earned the same) carry no policy gradient and are left out of the update (their KL term
-   alone would cost a forward and backward pass each).
+   alone would cost a forward and backward pass each). With `tree.accumulate` (default) a step's
+   minibatches make one AdamW update (RLTrainer.step_accumulated), not one each.
+   CoRL: each step's queries in all three budget modes (`corl.paired_modes`), at `corl.learning_rate`.
 """
 
 from __future__ import annotations
