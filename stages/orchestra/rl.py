@@ -278,8 +278,8 @@ GAIN_KEY = "success_gain_over_sft_probe"
 
 
 def with_gain_over_probe(step: dict, probe_rate: float | None) -> dict:
-    """The step's G-sample success rate minus the SFT policy's probed rate on the same task (same
-    temperature and G): a per-step learning signal with the task's difficulty taken out. The raw train
+    """The step's G-sample success rate minus the SFT policy's probed rate on the same task (the same
+    temperature; probe_samples rollouts, 4 by default as G): a per-step learning signal with the task's difficulty taken out. The raw train
     curve visits a different task each step (the pool is cycled), so it follows the pool's order of
     task families, not the policy; this one is 0 in expectation while the policy is still SFT's."""
     if probe_rate is not None:
