@@ -148,6 +148,9 @@ class CorlLMSettings:
     # from 0.5–0.7 expert calls to 0 (low mode's "self" push is the larger shared direction), no group
     # had both actions afterwards and RL stopped (measured, issue 24). 003 App. A: 1e-6 (7B, full FT).
     learning_rate: float = 0.0
+    # Ours: each mode's share of a step's advantage mass made equal (lm_train.mode_balance), so the mode
+    # with the most disagreeing groups (low) does not set the direction the three prompts share.
+    balance_modes: bool = True
 
     def validate(self, source: str, where: str) -> None:
         if self.learning_rate < 0:

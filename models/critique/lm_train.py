@@ -124,11 +124,56 @@ def warmup(cfg: CritiqueLMConfig, table: OutcomeTable, rows: Sequence[int], out_
 
     tokenizer = load_tokenizer(base_model_folder(cfg.model, model_cache))
     data = warmup_rows(cfg, table, rows, tokenizer, corl)
+    sft = dataclasses.replace(cfg.sft, seed=seed)
+    if corl and cfg.corl.warmup_choice == "balanced":
+        data, sft = paired_batches(data, sft, seed, cfg.source)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "warmup.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in data))
-    run = OrchestraConfig(model=cfg.model, sft=dataclasses.replace(cfg.sft, seed=seed), source=cfg.source)
+    run = OrchestraConfig(model=cfg.model, sft=sft, source=cfg.source)
     return train_sft(run, path, out_dir / "sft", resume=False, model_cache=model_cache).adapter_dir
+
+
+def paired_batches(data: list[dict], sft: Any, seed: int, source: str) -> tuple[list[dict], Any]:
+    """The balanced CoRL warm-up's rows in seeded order of their (query, mode) pairs, each pair kept
+    together, and SFT settings that read them in that order: every batch then holds both choices of
+    each of its prompts.
+
+    Why: the two targets of a prompt differ only from the choice token on, so within one batch the
+    token-mean loss pulls that token's "self" and expert probabilities to an even split, step by step.
+    With the rows shuffled one by one the pair lands in different batches, each SFT step pushes the
+    choice towards whichever target its batch happened to draw, and the prior after the warm-up is the
+    last batches' accident: greedy high-mode expert share 0.62 / 0.92 / 0.03 on seeds 0 / 1 / 2 after
+    12 steps, RL step 1 sampling it 0.12–0.21 after a full epoch (issue 24, docs/critique/lm.md)."""
+    if sft.batch_size % 2 or len(data) % 2:
+        raise InputError(source, "critique_lm.sft.batch_size",
+                         f"the balanced CoRL warm-up batches each prompt's two targets together: needs an even "
+                         f"batch size (got {sft.batch_size})")
+    pairs = [data[i:i + 2] for i in range(0, len(data), 2)]
+    if any(a["task_id"] != b["task_id"] for a, b in pairs):
+        raise ValueError("balanced warm-up rows must come as (self, expert) pairs of one prompt")
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    return [row for i in order for row in pairs[i]], dataclasses.replace(sft, sampling="sequential")
+
+
+def mode_balance(advantages: Sequence[float], modes: Sequence[int]) -> np.ndarray:
+    """Per-node weights that give every budget mode the same share of a step's advantage mass Σ|A|
+    (ours; CoRL with `corl.balance_modes`). A mode whose groups all earned equal rewards keeps weight 1
+    (its advantages are 0 anyway); the weights average 1 over the modes that carry signal.
+
+    Why: the choice is one token and most of what moves it is shared by the three prompts, which differ
+    in a mode word. Unweighted, the low mode, where the expert always breaks the budget, has a group with
+    both outcomes on every query Mixtral solves (~63 % of training rows), the high mode only where GPT-4
+    and Mixtral disagree (~30 %): the step's shared direction is "self", every mode drifts there, and once
+    no high-mode group samples both choices the signal that would separate the modes is gone (the step
+    logs of issue 24's runs). Equal mass per mode leaves the shared direction to the modes' vote."""
+    adv, modes = np.abs(np.asarray(advantages, dtype=float)), np.asarray(modes)
+    mass = {m: adv[modes == m].sum() for m in np.unique(modes)}
+    active = [m for m, v in mass.items() if v > 0]
+    if not active:
+        return np.ones(len(adv))
+    target = sum(mass[m] for m in active) / len(active)
+    return np.array([target / mass[m] if mass[m] > 0 else 1.0 for m in modes])
 
 
 def corl_draw(rng: np.random.Generator, rows: np.ndarray, n: int, paired: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -228,7 +273,10 @@ def train_controller(cfg: CritiqueLMConfig, table: OutcomeTable, train_rows: Seq
         rollout_s = time.perf_counter() - t0
         adv, q_hat, _ = tree_backward_pass([n.state for n in nodes], [n.step.reward for n in nodes],
                                            [n.child for n in nodes], cfg.tree.gamma)
-        weights = np.ones(len(nodes)) if corl else node_weights(nodes, cfg.tree.horizon)
+        if corl:
+            weights = mode_balance(adv, [n.extra["mode"] for n in nodes]) if cfg.corl.balance_modes else np.ones(len(nodes))
+        else:
+            weights = node_weights(nodes, cfg.tree.horizon)
         for n, a, w in zip(nodes, adv, weights):
             n.advantage = float(a * w)
         t1 = time.perf_counter()

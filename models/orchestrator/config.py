@@ -18,6 +18,7 @@ DEVICES = ("cpu", "cuda", "auto")
 PRECISIONS = ("fp32", "bf16")
 ENGINES = ("fast", "transformers")
 LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
+SAMPLINGS = ("random", "sequential")  # transformers' train_sampling_strategy values we allow
 # The projections of a Llama/Qwen2 block: LoRA on all of them is the usual choice when the adapter must
 # learn a new output grammar (here the F.1 XML), not only a new style.
 LLAMA_LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -110,6 +111,9 @@ class SFTSettings:
     device: str = "cpu"  # cpu | cuda | auto; "cuda" on a machine without one is refused
     precision: str = "fp32"  # fp32 | bf16 (mixed precision, App. E; CUDA only)
     gradient_checkpointing: bool = False  # trades ~20% speed for activation memory; needed at 16k tokens
+    # Row order: "random" (a seeded shuffle, transformers' default) or "sequential" (the file's order; a
+    # caller that groups rows into batches itself, as CoRL's paired warm-up does, needs it).
+    sampling: str = "random"
 
     def validate(self, source: str, where: str = "orchestra") -> None:
         positive = ("learning_rate", "epochs", "batch_size", "gradient_accumulation_steps", "max_seq_len",
@@ -125,7 +129,7 @@ class SFTSettings:
             raise InputError(source, f"{where}.lora_dropout", "must be in [0, 1)")
         if not self.lora_target_modules:
             raise InputError(source, f"{where}.lora_target_modules", "name at least one module")
-        choices = {"lr_scheduler": LR_SCHEDULERS, "device": DEVICES, "precision": PRECISIONS}
+        choices = {"lr_scheduler": LR_SCHEDULERS, "device": DEVICES, "precision": PRECISIONS, "sampling": SAMPLINGS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise InputError(source, f"{where}.{name}", f"{getattr(self, name)!r} is not one of {allowed}")

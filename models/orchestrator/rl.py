@@ -218,24 +218,41 @@ def sequence_logprobs(model: torch.nn.Module, batch: "RolloutBatch", temperature
     pass of `model` (a causal LM, PEFT-wrapped or not, with whichever adapter is active); 0 elsewhere.
     Shape [B, L] like the mask; differentiable unless called under no_grad.
 
-    Logits are computed only from the first position any row needs (`logits_to_keep`): the system
-    prompt and task that precede every controller turn cost the transformer but not the LM head."""
+    The LM head runs on the masked tokens' positions only (`masked_token_logits`): in an orchestrator
+    episode the system prompt, the task and every worker observation between controller turns cost
+    the transformer but not the 49,152-way head, its log-softmax or their backward pass."""
     mask = batch.mask.bool()
     if mask[:, 0].any():
         raise ValueError("position 0 has no preceding token to be predicted from; it cannot be in the mask")
-    needed = torch.nonzero(mask.any(dim=0))
-    if needed.numel() == 0:
+    if not mask.any():
         return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    first, length = int(needed[0]), mask.shape[1]
     from trl.trainer.utils import selective_log_softmax
 
-    # The logits at positions first−1 … L−2 predict tokens first … L−1.
+    rows, cols = torch.nonzero(mask, as_tuple=True)
+    logits = masked_token_logits(model, batch, rows, cols)  # [N, V]: the logits that predict each masked token
+    chosen = selective_log_softmax(logits.float()[None], batch.input_ids[rows, cols][None], temperature=temperature)[0]
+    out = torch.zeros(mask.shape, dtype=chosen.dtype, device=chosen.device)
+    return out.index_put((rows, cols), chosen)
+
+
+def masked_token_logits(model: torch.nn.Module, batch: "RolloutBatch", rows: torch.Tensor,
+                        cols: torch.Tensor) -> torch.Tensor:
+    """The logits at positions (rows, cols − 1), i.e. those that predict the tokens at (rows, cols):
+    the decoder's hidden states at every position, the output head at those only. A model that is not a
+    transformers causal LM with a plain linear head (no logit soft-capping) gets its full forward pass,
+    logits kept from the first position any row needs."""
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    plain_head = (hasattr(causal, "get_decoder") and hasattr(causal, "get_output_embeddings")
+                  and not getattr(getattr(causal, "config", None), "final_logit_softcapping", None))
+    if plain_head:
+        # PEFT injects LoRA into the decoder's own modules, so the active adapter acts here as in model().
+        hidden = causal.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                      use_cache=False).last_hidden_state
+        return causal.get_output_embeddings()(hidden[rows, cols - 1])
+    first, length = int(cols.min()), batch.input_ids.shape[1]
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
-                   logits_to_keep=length - first + 1).logits[:, :-1]
-    # [B, L − first]; TRL loops over the B rows to bound the log-softmax's peak memory.
-    chosen = selective_log_softmax(logits.float(), batch.input_ids[:, first:], temperature=temperature)
-    chosen = torch.where(mask[:, first:], chosen, torch.zeros((), dtype=chosen.dtype, device=chosen.device))
-    return torch.cat([chosen.new_zeros(mask.shape[0], first), chosen], dim=1)
+                   logits_to_keep=length - first + 1).logits  # positions first − 1 … L − 1
+    return logits[rows, cols - first]
 
 
 def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor,

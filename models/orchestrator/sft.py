@@ -100,7 +100,7 @@ def trainer_args(settings: SFTSettings, out_dir: Path, device: str) -> Any:
         logging_steps=settings.logging_steps, save_strategy="steps", save_steps=settings.save_steps,
         save_total_limit=settings.save_total_limit, seed=settings.seed,
         use_cpu=device == "cpu", bf16=settings.precision == "bf16", fp16=False,
-        gradient_checkpointing=settings.gradient_checkpointing,
+        gradient_checkpointing=settings.gradient_checkpointing, train_sampling_strategy=settings.sampling,
         # The masks arrive pre-tokenised (sft_data.py); TRL's own assistant_only_loss needs template
         # markers SmolLM2's template lacks.
         assistant_only_loss=False, completion_only_loss=False,

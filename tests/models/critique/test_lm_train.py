@@ -18,8 +18,10 @@ from models.critique.lm_config import critique_lm_config  # noqa: E402
 from models.critique.lm_env import OutcomeTable, TreeNode, parse_turn, rollout_tree, turn_messages, turn_step  # noqa: E402
 from models.critique.lm_evaluate import at_share, episode_metrics, greedy_episodes, paired_bootstrap  # noqa: E402
 from models.critique.lm_prompts import parse_corl, routing_target, verification_target  # noqa: E402
-from models.critique.lm_train import adapter_vector, corl_draw, train_controller, update, warmup_rows  # noqa: E402
+from models.critique.lm_train import (adapter_vector, corl_draw, mode_balance, paired_batches, train_controller,  # noqa: E402
+                                      update, warmup_rows)
 from models.critique.tree_advantages import tree_backward_pass  # noqa: E402
+from routerops.errors import InputError  # noqa: E402
 from routerops.orchestra.controller import ControllerTurn, Message  # noqa: E402
 
 TABLE = OutcomeTable(workers=["m", "g"], agents=["Mixtral", "GPT-4"], questions=[f"q{i}" for i in range(4)],
@@ -124,6 +126,34 @@ def test_balanced_corl_warmup_is_the_same_in_every_mode_and_half_expert():
         picks.setdefault(r["task_id"], []).append(parse_corl(r["messages"][-1]["content"], "GPT-4").model)
     assert len(picks) == 12  # 4 queries × 3 modes, each prompt once with self and once with the expert
     assert all(sorted(p) == [0, 1] for p in picks.values())
+
+
+def test_balanced_warmup_batches_hold_both_choices_of_each_prompt_in_file_order():
+    """Each SFT batch of the balanced warm-up sees a prompt's self and expert targets together, so the
+    choice token is pulled to an even split by every step, not by whichever target a batch drew."""
+    from models.orchestrator.config import SFTSettings
+
+    rows = warmup_rows(CFG, TABLE, [0, 1, 2, 3], None, corl=True)
+    ordered, sft = paired_batches(rows, SFTSettings(batch_size=4, seed=3), 3, "params.yaml")
+    assert sft.sampling == "sequential"  # the trainer reads the file's order
+    assert sorted(map(str, ordered)) == sorted(map(str, rows)) and ordered != rows  # the same rows, reordered
+    for start in range(0, len(ordered), 4):
+        batch = ordered[start:start + 4]
+        for task in {r["task_id"] for r in batch}:
+            picks = [parse_corl(r["messages"][-1]["content"], "GPT-4").model for r in batch if r["task_id"] == task]
+            assert sorted(picks) == [0, 1]
+    with pytest.raises(InputError, match="even batch size"):
+        paired_batches(rows, SFTSettings(batch_size=3), 0, "params.yaml")
+
+
+def test_mode_balance_gives_each_mode_the_same_advantage_mass():
+    adv = np.array([0.5, -0.5, 0.5, -0.5, 0.25, -0.25, 0.0, 0.0])  # low: mass 2, medium 0.5, high 0
+    modes = [0, 0, 0, 0, 1, 1, 2, 2]
+    w = mode_balance(adv, modes)
+    weighted = np.abs(adv) * w
+    assert weighted[:4].sum() == pytest.approx(weighted[4:6].sum()) == pytest.approx(1.25)  # mean of 2 and 0.5
+    assert list(w[6:]) == [1.0, 1.0]  # no signal in high: left alone
+    assert list(mode_balance(np.zeros(3), [0, 1, 2])) == [1.0, 1.0, 1.0]
 
 
 def test_paired_corl_steps_put_each_drawn_query_in_every_mode():

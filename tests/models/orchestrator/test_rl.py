@@ -135,6 +135,39 @@ def test_sequence_logprobs_score_each_masked_token_from_the_position_before_it()
         sequence_logprobs(model, type("Batch", (), {"input_ids": ids, "attention_mask": ids, "mask": 1 - mask})())
 
 
+def test_sequence_logprobs_of_a_real_causal_lm_equal_its_full_forward_pass_and_gradient():
+    """The head-on-masked-positions path (a transformers Llama, PEFT LoRA active) gives the log-probs and
+    the LoRA gradient of log_softmax(model(ids).logits) read at the masked tokens."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                                init_lora_weights=False))
+    ids = torch.randint(1, 97, (3, 12), generator=torch.Generator().manual_seed(1))
+    attention = torch.ones_like(ids)
+    attention[2, 9:] = 0  # a right-padded row
+    mask = torch.zeros_like(ids)
+    mask[0, 3:6] = 1
+    mask[0, 9:11] = 1  # two turns with an observation between them
+    mask[1, 1:12] = 1
+    mask[2, 5:9] = 1
+    batch = type("Batch", (), {"input_ids": ids, "attention_mask": attention, "mask": mask})()
+    got = sequence_logprobs(model, batch, 0.7)
+    got.sum().backward()
+    fast_grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+    model.zero_grad()
+    full = torch.log_softmax(model(input_ids=ids, attention_mask=attention).logits[:, :-1] / 0.7, -1)
+    expected = torch.zeros(3, 12)
+    expected[:, 1:] = full.gather(-1, ids[:, 1:, None]).squeeze(-1) * mask[:, 1:]
+    expected.sum().backward()
+    assert torch.allclose(got, expected, atol=1e-5)
+    for fast, slow in zip(fast_grads, [p.grad for p in model.parameters() if p.requires_grad]):
+        assert torch.allclose(fast, slow, atol=1e-5, rtol=1e-4)
+
+
 # ---- the batch on real tokens --------------------------------------------------------------------
 
 def assistant_texts(messages):
