@@ -3,7 +3,8 @@
 `run_log(path)` (used by `python -m flows.pipeline`, i.e. `make demo`) sends every log record at INFO
 and above (and the warnings Python and libraries raise) to `path`, and lets through to the console
 only: warnings and errors, each distinct warning once, and the lines of the loggers named in
-`console_loggers` (Prefect's flow- and task-run lines: which stage finished). It changes handlers
+`console_loggers` (Prefect's flow- and task-run lines: which stage finished); no library progress
+bars (`quiet_progress_bars`). It changes handlers
 that exist when it starts (Prefect's console handler on the root logger, MLflow's own stream
 handler), so call it after importing them; it adds no handler of its own to the console.
 """
@@ -53,6 +54,32 @@ def _console_handlers(logger: logging.Logger) -> list[logging.Handler]:
 
 
 @contextlib.contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """Within the block, no tqdm bars from transformers ("Loading weights"), datasets / TRL ("Building
+    labels for train dataset") or huggingface_hub: on a console they are dozens of redrawn lines per
+    model load or SFT stage, and in a log file carriage-return noise. Each library's own switch, put
+    back as it was when the block ends; a library that is not installed is skipped."""
+    switches = []
+    with contextlib.suppress(ImportError):
+        import transformers.utils.logging as hf_logging
+
+        switches.append((hf_logging.is_progress_bar_enabled(), hf_logging.disable_progress_bar, hf_logging.enable_progress_bar))
+    with contextlib.suppress(ImportError):
+        import datasets
+
+        switches.append((datasets.is_progress_bar_enabled(), datasets.disable_progress_bars, datasets.enable_progress_bars))
+    for was_on, disable, _ in switches:
+        if was_on:
+            disable()
+    try:
+        yield
+    finally:
+        for was_on, _, enable in switches:
+            if was_on:
+                enable()
+
+
+@contextlib.contextmanager
 def run_log(path: Path, console_loggers: Sequence[str] = CONSOLE_LOGGERS) -> Iterator[Path]:
     """Within the block: records at INFO and above to `path` (overwritten), the console filtered by
     ConsoleFilter. Loggers that do not propagate (MLflow's) get the file handler and the filter too."""
@@ -81,7 +108,8 @@ def run_log(path: Path, console_loggers: Sequence[str] = CONSOLE_LOGGERS) -> Ite
     logging.captureWarnings(False)
     logging.captureWarnings(True)
     try:
-        yield path
+        with quiet_progress_bars():
+            yield path
     finally:
         logging.captureWarnings(False)  # a block that ends leaves Python's warnings as it found them
         warnings.showwarning = shown_by

@@ -83,3 +83,23 @@ def test_a_second_run_log_still_captures_warnings_after_a_caller_resets_them(tmp
         with run_log(tmp_path / "second.log") as log_file:
             warnings.warn("seen by the second log", UserWarning)
     assert "seen by the second log" in log_file.read_text()
+
+
+def test_a_logged_run_draws_no_library_progress_bars_and_puts_the_switches_back(tmp_path, capsys):
+    """`make orchestra` printed transformers' "Loading weights" and TRL's dataset-map bars on the console."""
+    import datasets
+    import transformers.utils.logging as hf_logging
+    from datasets.utils import tqdm as datasets_bar
+
+    assert hf_logging.is_progress_bar_enabled() and datasets.is_progress_bar_enabled()
+    with run_log(tmp_path / "run.log"):
+        for _ in hf_logging.tqdm(range(3), desc="Loading weights"):
+            pass
+        for _ in datasets_bar(range(3), desc="Building labels"):
+            pass
+    out = capsys.readouterr()
+    assert "Loading weights" not in out.err + out.out and "Building labels" not in out.err + out.out
+    assert hf_logging.is_progress_bar_enabled() and datasets.is_progress_bar_enabled()
+    for _ in hf_logging.tqdm(range(3), desc="after the run"):
+        pass
+    assert "after the run" in capsys.readouterr().err
