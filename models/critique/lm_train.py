@@ -4,9 +4,11 @@
    controller's tokens): templated targets built from the *training* rows' logged outcomes only.
    Critique: turn 1 routes to the weakest agent whose draft is right (the strongest when none is);
    Template II's verdict is the draft's logged correctness, False routing to the next stronger agent.
-   CoRL: per mode, the choice that earns r_p·1(cost ≤ B) (self on a tie). The <thinking>/<checking>
-   texts are short fixed phrases (the draft's final line for <checking>): the warm-up teaches the
-   format and a prior, RL then has to move the decisions.
+   CoRL: `corl.warmup_choice` "balanced" (default) = each (row, mode) prompt once with each choice, the
+   two kept in one SFT batch (`paired_batches`), so the warm-up teaches the format and no ordering of the
+   modes; "outcome" = per mode, the choice that earns r_p·1(cost ≤ B) (self on a tie). CoRL's
+   <thinking> restates the budget mode (`corl_thinking`); critique's <thinking>/<checking> texts are
+   short fixed phrases (the draft's final line for <checking>). RL then has to move the decisions.
 2. RL: `RLTrainer.step` (LoRA, clipped ratio, k3 KL to the frozen warm-up adapter or the base model) on
    `RolloutBatch.from_conversations` built from the controller's own conversations, one assistant
    turn each. Rollouts are Algorithm 1's tree (lm_env.rollout_tree), advantages eq. 14–16
@@ -15,7 +17,8 @@
    sibling earned the same) carry no policy gradient and are left out of the update (their KL term
    alone would cost a forward and backward pass each). With `tree.accumulate` (default) a step's
    minibatches make one AdamW update (RLTrainer.step_accumulated), not one each.
-   CoRL: each step's queries in all three budget modes (`corl.paired_modes`), at `corl.learning_rate`.
+   CoRL: each step's queries in all three budget modes (`corl.paired_modes`), at `corl.learning_rate`,
+   each mode given the same share of the step's advantage mass (`corl.balance_modes`, `mode_balance`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,14 @@ log = logging.getLogger(__name__)
 THINKING = "A word problem."  # short: every target token is paid for on two CPU cores
 
 
+def corl_thinking(mode: str) -> str:
+    """CoRL's warm-up <thinking> text: the budget mode restated (ours). The controller writes it, so the
+    choice token that follows has the mode word a few tokens back instead of only in the system prompt
+    far before it; with "A word problem." the three modes' choices moved together in every run of issue
+    24 (low mode's "self" push carried the medium and high modes with it)."""
+    return f"The budget is {mode}."
+
+
 def final_line(draft: str, words: int) -> str:
     """The draft's last non-empty line, at most `words` words (0: no cap): what <checking> looks at."""
     lines = [ln.strip() for ln in draft.strip().splitlines() if ln.strip()]
@@ -73,7 +84,7 @@ def warmup_rows(cfg: CritiqueLMConfig, table: OutcomeTable, rows: Sequence[int],
                     choices = [expert if reward[1] > reward[0] else SELF]
                 prompt = corl_messages(table.questions[q], expert, MODES[m], table.template)
                 out.extend({"task_id": f"{q}:{MODES[m]}", "messages": prompt + [{"role": "assistant", "content":
-                            routing_target(THINKING, choice)}]} for choice in choices)
+                            routing_target(corl_thinking(MODES[m]), choice)}]} for choice in choices)
             continue
         first = next((k for k in range(len(table.agents)) if right[k]), strongest)
         out.append({"task_id": f"{q}:1", "messages": turn_messages(table, q, -1, cfg.prompts.draft_tail_tokens, tokenizer)

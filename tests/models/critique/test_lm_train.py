@@ -126,6 +126,10 @@ def test_balanced_corl_warmup_is_the_same_in_every_mode_and_half_expert():
         picks.setdefault(r["task_id"], []).append(parse_corl(r["messages"][-1]["content"], "GPT-4").model)
     assert len(picks) == 12  # 4 queries × 3 modes, each prompt once with self and once with the expert
     assert all(sorted(p) == [0, 1] for p in picks.values())
+    for r in rows:  # the target restates the prompt's mode just before the choice
+        mode = r["task_id"].split(":")[1]
+        assert f"Budget mode: {mode}." in r["messages"][0]["content"]
+        assert f"<thinking>The budget is {mode}.</thinking>" in r["messages"][-1]["content"]
 
 
 def test_balanced_warmup_batches_hold_both_choices_of_each_prompt_in_file_order():
