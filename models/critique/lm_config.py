@@ -151,8 +151,15 @@ class CorlLMSettings:
     # Ours: each mode's share of a step's advantage mass made equal (lm_train.mode_balance), so the mode
     # with the most disagreeing groups (low) does not set the direction the three prompts share.
     balance_modes: bool = True
+    # G sampled decisions per (query, mode) (0: tree.group). Ours: CoRL's per-step signal comes from the
+    # queries where the two agents' outcomes differ (~38 % of training rows): more queries at a smaller G
+    # for the same rollouts cut how much one step's draw of queries decides its direction (issue 24: a
+    # 6-query step with Mixtral right on 5 and GPT-4 wrong on 2 sent every mode towards "self").
+    group: int = 0
 
     def validate(self, source: str, where: str) -> None:
+        if self.group != 0 and self.group < 2:
+            raise InputError(source, f"{where}.group", "a group needs ≥ 2 decisions per (query, mode); 0 = tree.group")
         if self.learning_rate < 0:
             raise InputError(source, f"{where}.learning_rate", "must be ≥ 0 (0: rl.learning_rate)")
         if self.warmup_choice not in ("outcome", "balanced"):

@@ -267,6 +267,7 @@ def train_controller(cfg: CritiqueLMConfig, table: OutcomeTable, train_rows: Seq
     xi = np.zeros(len(table.agents)) if xi is None else np.asarray(xi, dtype=float).copy()
     rho = table.by_strength(cfg.rewards.rho)
     rows, history = np.asarray(train_rows), []
+    group = (cfg.corl.group or cfg.tree.group) if corl else cfg.tree.group
     generated = trained = 0
     started = time.perf_counter()
     for step in range(settings.max_steps):
@@ -275,7 +276,7 @@ def train_controller(cfg: CritiqueLMConfig, table: OutcomeTable, train_rows: Seq
             controller.sync()
         if corl:
             queries, modes = corl_draw(rng, rows, cfg.corl.queries_per_step, cfg.corl.paired_modes)
-            nodes = corl_rollout(controller, table, queries, modes, cfg.tree.group, cfg.corl.budgets,
+            nodes = corl_rollout(controller, table, queries, modes, group, cfg.corl.budgets,
                                  cfg.rewards.malformed_penalty)
         else:
             queries = rng.choice(rows, size=min(cfg.tree.queries_per_step, len(rows)), replace=False)
@@ -295,7 +296,7 @@ def train_controller(cfg: CritiqueLMConfig, table: OutcomeTable, train_rows: Seq
         update_s = time.perf_counter() - t1
         generated += sum(n.output.completion_tokens for n in nodes)
         trained += int(stats.get("trained_tokens", 0))
-        calls = sampled_calls(nodes, len(table.agents), cfg.tree.group) / len(queries)
+        calls = sampled_calls(nodes, len(table.agents), group) / len(queries)
         roots = [n for n in nodes if n.turn == 1]
         stats = {("updates" if k == "step" else k): v for k, v in stats.items()}  # the trainer's update count
         row = {"step": step + 1, "nodes": len(nodes), "reward_root_mean": float(np.mean([q_hat[i] for i, n in enumerate(nodes) if n.turn == 1])),

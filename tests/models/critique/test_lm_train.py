@@ -235,6 +235,10 @@ def test_corl_training_pairs_the_modes_and_uses_its_own_learning_rate(tiny_folde
     assert summary["history"][0]["nodes"] == 2 * 3 * 2  # 2 queries × 3 modes × G = 2
     row = summary["history"][0]
     assert all(f"expert_share:{m}" in row for m in ("low", "medium", "high"))
+    own_group = critique_lm_config({"corl": {"steps": 1, "queries_per_step": 2, "group": 3},
+                                    "tree": {"group": 2}, "generation": {"max_new_tokens": 8}})
+    _, summary = train_controller(own_group, TABLE, [0, 1, 2, 3], tiny_folder, seed=0, corl=True)
+    assert summary["history"][0]["nodes"] == 2 * 3 * 3  # corl.group, not tree.group
 
 
 def test_warmup_rejections_fit_the_turn_cap_with_slack_so_sampling_does_not_cut_them():
