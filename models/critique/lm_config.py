@@ -156,8 +156,13 @@ class CorlLMSettings:
     # for the same rollouts cut how much one step's draw of queries decides its direction (issue 24: a
     # 6-query step with Mixtral right on 5 and GPT-4 wrong on 2 sent every mode towards "self").
     group: int = 0
+    # Ours: per query, each choice's advantages centred across the three modes (lm_train.mode_contrast),
+    # so RL learns how the modes differ and the shared level stays the warm-up's. Needs paired_modes.
+    mode_contrast: bool = False
 
     def validate(self, source: str, where: str) -> None:
+        if self.mode_contrast and not self.paired_modes:
+            raise InputError(source, f"{where}.mode_contrast", "contrasts a query's modes: needs paired_modes: true")
         if self.group != 0 and self.group < 2:
             raise InputError(source, f"{where}.group", "a group needs ≥ 2 decisions per (query, mode); 0 = tree.group")
         if self.learning_rate < 0:

@@ -18,7 +18,8 @@
    alone would cost a forward and backward pass each). With `tree.accumulate` (default) a step's
    minibatches make one AdamW update (RLTrainer.step_accumulated), not one each.
    CoRL: each step's queries in all three budget modes (`corl.paired_modes`), at `corl.learning_rate`,
-   each mode given the same share of the step's advantage mass (`corl.balance_modes`, `mode_balance`).
+   each mode given the same share of the step's advantage mass (`corl.balance_modes`, `mode_balance`),
+   then each (query, choice)'s advantages centred across the modes (`corl.mode_contrast`).
 """
 
 from __future__ import annotations
@@ -187,6 +188,27 @@ def mode_balance(advantages: Sequence[float], modes: Sequence[int]) -> np.ndarra
     return np.array([target / mass[m] if mass[m] > 0 else 1.0 for m in modes])
 
 
+def mode_contrast(advantages: Sequence[float], queries: Sequence[int], choices: Sequence[int]) -> np.ndarray:
+    """The advantages with, per (query, choice), their mean over that query's nodes in every budget mode
+    taken out (ours; CoRL with `corl.mode_contrast` and paired modes): for each query the summed push
+    on "self" and on the expert across the three modes is zero, so an update moves how the modes differ
+    and leaves the level they share (the warm-up's even prior) where it is.
+
+    Why: the three prompts of a query differ in a mode word, and the direction they share is learnt far
+    faster than the one that tells them apart. Unweighted, low mode's "self" push took every mode to
+    "self"; with each mode's advantage mass equalised (`mode_balance`), the two modes that favour the
+    expert took low mode with them (its sampled expert share rose 0.41 → 0.69 in 8 steps; issue 24's
+    step logs, docs/critique/lm.md). A (query, choice) sampled in one mode only has nothing to contrast
+    and gets 0."""
+    adv = np.asarray(advantages, dtype=float)
+    keys = list(zip(queries, choices))
+    out = adv.copy()
+    for key in set(keys):
+        idx = [i for i, k in enumerate(keys) if k == key]
+        out[idx] = adv[idx] - adv[idx].mean()
+    return out
+
+
 def corl_draw(rng: np.random.Generator, rows: np.ndarray, n: int, paired: bool) -> tuple[np.ndarray, np.ndarray]:
     """One step's CoRL states: n training rows, each with a mode drawn uniformly (003 §3.3) or, paired,
     each in every mode (CorlLMSettings.paired_modes)."""
@@ -286,7 +308,11 @@ def train_controller(cfg: CritiqueLMConfig, table: OutcomeTable, train_rows: Seq
         adv, q_hat, _ = tree_backward_pass([n.state for n in nodes], [n.step.reward for n in nodes],
                                            [n.child for n in nodes], cfg.tree.gamma)
         if corl:
-            weights = mode_balance(adv, [n.extra["mode"] for n in nodes]) if cfg.corl.balance_modes else np.ones(len(nodes))
+            modes = [n.extra["mode"] for n in nodes]
+            weights = mode_balance(adv, modes) if cfg.corl.balance_modes else np.ones(len(nodes))
+            if cfg.corl.mode_contrast:
+                adv = mode_contrast(adv * weights, [n.query for n in nodes], [n.step.called for n in nodes])
+                weights = np.ones(len(nodes))
         else:
             weights = node_weights(nodes, cfg.tree.horizon)
         for n, a, w in zip(nodes, adv, weights):

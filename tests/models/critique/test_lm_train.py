@@ -18,8 +18,8 @@ from models.critique.lm_config import critique_lm_config  # noqa: E402
 from models.critique.lm_env import OutcomeTable, TreeNode, parse_turn, rollout_tree, turn_messages, turn_step  # noqa: E402
 from models.critique.lm_evaluate import at_share, episode_metrics, greedy_episodes, paired_bootstrap  # noqa: E402
 from models.critique.lm_prompts import parse_corl, routing_target, verification_target  # noqa: E402
-from models.critique.lm_train import (adapter_vector, corl_draw, mode_balance, paired_batches, train_controller,  # noqa: E402
-                                      update, warmup_rows)
+from models.critique.lm_train import (adapter_vector, corl_draw, mode_balance, mode_contrast, paired_batches,  # noqa: E402
+                                      train_controller, update, warmup_rows)
 from models.critique.tree_advantages import tree_backward_pass  # noqa: E402
 from routerops.errors import InputError  # noqa: E402
 from routerops.orchestra.controller import ControllerTurn, Message  # noqa: E402
@@ -158,6 +158,23 @@ def test_mode_balance_gives_each_mode_the_same_advantage_mass():
     assert weighted[:4].sum() == pytest.approx(weighted[4:6].sum()) == pytest.approx(1.25)  # mean of 2 and 0.5
     assert list(w[6:]) == [1.0, 1.0]  # no signal in high: left alone
     assert list(mode_balance(np.zeros(3), [0, 1, 2])) == [1.0, 1.0, 1.0]
+
+
+def test_mode_contrast_leaves_no_push_a_query_s_modes_share():
+    """Per query and choice, the advantages summed over the modes are 0: only how the modes differ moves."""
+    #        query 7: low self+, low expert−, high expert+, high self−; query 8: expert only in high
+    adv = np.array([0.5, -0.5, 0.5, -0.5, 0.25, -0.25])
+    queries = [7, 7, 7, 7, 8, 8]
+    choices = [0, 1, 1, 0, 1, 0]
+    out = mode_contrast(adv, queries, choices)
+    assert out[:4] == pytest.approx([0.5, -0.5, 0.5, -0.5])  # opposite pushes by mode stay
+    assert out[4:] == pytest.approx([0.0, 0.0])  # one mode only: nothing to contrast
+    for q in (7, 8):
+        for c in (0, 1):
+            idx = [i for i in range(6) if queries[i] == q and choices[i] == c]
+            assert out[idx].sum() == pytest.approx(0.0)
+    with pytest.raises(InputError, match="paired_modes"):
+        critique_lm_config({"corl": {"mode_contrast": True, "paired_modes": False}})
 
 
 def test_paired_corl_steps_put_each_drawn_query_in_every_mode():
