@@ -9,7 +9,7 @@ log-probs and LoRA gradient (tests/models/orchestrator/test_rl.py).
 
 Shape: `--rows` conversations of `--length` tokens (SmolLM2-135M-Instruct with params.yaml's LoRA
 targets), controller turns at the `--turns` spans; each path timed `--repeats` times, alternating,
-forward + backward (the update) and no-grad forward (the reference). Writes
+forward + backward (the update) and no-grad forward (the reference), after one unmeasured warm-up pass. Writes
 benchmarks/results/rl_logprob_head.json.
 
     python benchmarks/rl_logprob_head.py [--rows 4] [--length 700] [--threads 2] [--repeats 2]
@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     model, _ = load_controller_model(ModelSpec())
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=list(LLAMA_LINEAR_MODULES)))
     data = batch(args.rows, args.length, TURNS)
+    timed(model, data)  # warm-up: first-call allocations are neither path's cost
+    model.zero_grad(set_to_none=True)
     load_before = os.getloadavg()[0]
     runs: dict[str, list[dict]] = {"controller_tokens_only": [], "full_head": []}
     for _ in range(args.repeats):
