@@ -192,7 +192,9 @@ def mode_contrast(advantages: Sequence[float], queries: Sequence[int], choices: 
     """The advantages with, per (query, choice), their mean over that query's nodes in every budget mode
     taken out (ours; CoRL with `corl.mode_contrast` and paired modes): for each query the summed push
     on "self" and on the expert across the three modes is zero, so an update moves how the modes differ
-    and leaves the level they share (the warm-up's even prior) where it is.
+    and, to first order, not the level they share (the gradients of one choice still differ a little by
+    mode, since each prompt has its own probabilities: seed 0's shares all drifted down for 8 steps
+    before the modes parted).
 
     Why: the three prompts of a query differ in a mode word, and the direction they share is learnt far
     faster than the one that tells them apart. Unweighted, low mode's "self" push took every mode to
