@@ -55,8 +55,8 @@ def _console_handlers(logger: logging.Logger) -> list[logging.Handler]:
 
 @contextlib.contextmanager
 def quiet_progress_bars() -> Iterator[None]:
-    """Within the block, no tqdm bars from transformers ("Loading weights"), datasets / TRL ("Building
-    labels for train dataset") or huggingface_hub: on a console they are dozens of redrawn lines per
+    """Within the block, no tqdm bars from transformers ("Loading weights") or datasets / TRL ("Building
+    labels for train dataset"): on a console they are dozens of redrawn lines per
     model load or SFT stage, and in a log file carriage-return noise. Each library's own switch, put
     back as it was when the block ends; a library that is not installed is skipped."""
     switches = []

@@ -91,7 +91,8 @@ def test_a_logged_run_draws_no_library_progress_bars_and_puts_the_switches_back(
     import transformers.utils.logging as hf_logging
     from datasets.utils import tqdm as datasets_bar
 
-    assert hf_logging.is_progress_bar_enabled() and datasets.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()  # on, whatever an earlier test or the environment left
+    datasets.enable_progress_bars()
     with run_log(tmp_path / "run.log"):
         for _ in hf_logging.tqdm(range(3), desc="Loading weights"):
             pass
