@@ -6,7 +6,11 @@ flow's root (`make orchestra`, or the stages up to orchestra-sft).
 One run = one (variant, seed): its RL (the orchestra-rl stage, resumable from its checkpoints) and its
 greedy held-out evaluation, written to <work>/<variant>-s<seed>/run.json when both are done, so the
 table can be completed run by run (`--runs agentic_grpo-s0 grpo-s1`, or all of them by default; a run
-whose run.json exists is not redone). `--report` only aggregates what is there.
+whose run.json exists is not redone). `--report` only aggregates what is there. Each finished run is
+also archived, gzipped, under benchmarks/results/orchestra_rl_variants_runs/ (`--archive`), so the
+table can be completed over several sessions: a run found there is not redone either. Every run records
+the SHA-256 of the SFT adapter it started from, and the table refuses to pool runs that started from
+different ones (a rebuilt root trains a new SFT adapter; its runs start a new table).
 
 Per run: train reward and success per step (the RL stage's records), the adapter's relative change
 ‖θ_RL − θ_SFT‖ / ‖θ_SFT‖, and the share of held-out tasks whose greedy controller turns differ from
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import gzip
 import json
 import logging
 import os
@@ -63,6 +68,7 @@ log = logging.getLogger("orchestra_rl_variants")
 VARIANTS = ("grpo", "tree_grpo", "mt_grpo", "agentic_grpo")
 HELD_OUT = ("test", "ood")
 RUN_FILE = "run.json"
+ARCHIVE = REPO / "benchmarks/results/orchestra_rl_variants_runs"
 
 
 # The benchmark's scale (item 3 of issue 23): held-out sets large enough that an RL effect the size of
@@ -149,13 +155,62 @@ def adapter_change(sft: Path, rl_adapter: Path) -> float:
     return (diff / norm) ** 0.5 if norm else float("nan")
 
 
-def run_one(run: OrchestraRun, flow: Layout, work: Path, estimator: str, seed: int, steps: int,
+def sft_fingerprint(flow: Layout) -> str:
+    """The SFT adapter every run of one table starts from (its weights' SHA-256)."""
+    return schema.file_sha256(flow.orchestra_adapter / "adapter_model.safetensors")
+
+
+def archived_path(archive: Path, name: str) -> Path:
+    return archive / f"{name}.json.gz"
+
+
+def archive_run(record: dict, archive: Path) -> Path:
+    """A finished run, gzipped beside the results (written atomically: a killed copy leaves no file)."""
+    archive.mkdir(parents=True, exist_ok=True)
+    target = archived_path(archive, record["name"])
+    partial = target.with_suffix(".partial")
+    with gzip.open(partial, "wt", encoding="utf-8") as handle:
+        json.dump(record, handle, sort_keys=True)
+    partial.replace(target)
+    return target
+
+
+def finished_run(work: Path, archive: Path, name: str, fingerprint: str) -> dict | None:
+    """A run already done for this SFT adapter: from the work folder, else from the archive. A run that
+    started from another SFT adapter is not this table's, and is redone (its archive is overwritten)."""
+    local, stored = work / name / RUN_FILE, archived_path(archive, name)
+    if local.is_file():
+        record = json.loads(local.read_text())
+    elif stored.is_file():
+        with gzip.open(stored, "rt", encoding="utf-8") as handle:
+            record = json.load(handle)
+    else:
+        return None
+    return record if record.get("sft_sha256") == fingerprint else None
+
+
+def same_sft(records: list[dict]) -> list[dict]:
+    """The records of one table; refuses a mix of SFT adapters, naming the runs of each."""
+    by_sft: dict[str, list[str]] = {}
+    for record in records:
+        by_sft.setdefault(str(record.get("sft_sha256")), []).append(record["name"])
+    if len(by_sft) > 1:
+        listing = "; ".join(f"{sha[:12]}: {', '.join(names)}" for sha, names in by_sft.items())
+        raise InputError("runs", "sft_sha256", f"runs from different SFT adapters cannot be pooled ({listing}); "
+                         "rerun them from one root or point --archive elsewhere")
+    return records
+
+
+def run_one(run: OrchestraRun, flow: Layout, work: Path, archive: Path, estimator: str, seed: int, steps: int,
             eval_batch: int) -> dict:
-    """One (variant, seed): its RL run, its held-out evaluation, written to <work>/<name>/run.json."""
+    """One (variant, seed): its RL run, its held-out evaluation, written to <work>/<name>/run.json and
+    archived."""
     name = f"{estimator}-s{seed}"
     folder = work / name
-    if (folder / RUN_FILE).is_file():
-        return json.loads((folder / RUN_FILE).read_text())
+    fingerprint = sft_fingerprint(flow)
+    done = finished_run(work, archive, name, fingerprint)
+    if done is not None:
+        return done
     layout = variant_layout(flow, folder)
     share_probe(work, layout)
     own = variant_run(run, flow, estimator, seed, steps, eval_batch)
@@ -164,13 +219,14 @@ def run_one(run: OrchestraRun, flow: Layout, work: Path, estimator: str, seed: i
     result = json.loads(layout.orchestra_rl_result.read_text())
     trained = time.perf_counter()
     episodes = held_out_episodes(own, layout, adapter, name, folder / "eval")
-    record = {"name": name, "estimator": estimator, "seed": seed, "steps": result["steps"],
+    record = {"name": name, "estimator": estimator, "seed": seed, "sft_sha256": fingerprint, "steps": result["steps"],
               "pool_tasks": result.get("pool_tasks"), "probe_success_rate": result.get("probe_success_rate"),
               "rollouts": sum(s["leaves"] for s in result["steps"]),
               "adapter_change": adapter_change(flow.orchestra_adapter, adapter),
               "train_seconds": round(trained - started, 1), "eval_seconds": round(time.perf_counter() - trained, 1),
               "episodes": episodes}
     schema.write_json_atomic(record, folder / RUN_FILE)
+    archive_run(record, archive)
     log.info("%s: %d rollouts, adapter change %.4f, %.0f s RL + %.0f s evaluation", name, record["rollouts"],
              record["adapter_change"], record["train_seconds"], record["eval_seconds"])
     return record
@@ -189,16 +245,20 @@ def share_probe(work: Path, layout: Layout) -> None:
         shutil.copyfile(found[0], target)
 
 
-def run_sft(run: OrchestraRun, flow: Layout, work: Path, eval_batch: int) -> dict:
+def run_sft(run: OrchestraRun, flow: Layout, work: Path, archive: Path, eval_batch: int) -> dict:
     folder = work / "sft"
-    if (folder / RUN_FILE).is_file():
-        return json.loads((folder / RUN_FILE).read_text())
+    fingerprint = sft_fingerprint(flow)
+    done = finished_run(work, archive, "sft", fingerprint)
+    if done is not None:
+        return done
     own = variant_run(run, flow, run.rl.get("estimator", "agentic_grpo"), 0, 1, eval_batch)
     started = time.perf_counter()
-    record = {"name": "sft", "estimator": "sft", "seed": None, "steps": [], "adapter_change": 0.0,
+    record = {"name": "sft", "estimator": "sft", "seed": None, "sft_sha256": fingerprint, "steps": [],
+              "adapter_change": 0.0,
               "episodes": held_out_episodes(own, flow, flow.orchestra_adapter, "sft", folder / "eval")}
     record["eval_seconds"] = round(time.perf_counter() - started, 1)
     schema.write_json_atomic(record, folder / RUN_FILE)
+    archive_run(record, archive)
     return record
 
 
@@ -268,6 +328,7 @@ def main() -> None:
                         help="first build --root at the benchmark's scale (BENCH_TASKS) up to SFT")
     parser.add_argument("--eval-batch", type=int, default=16, help="conversations per decode batch at evaluation")
     parser.add_argument("--work", default=".routerops/rl_variants", help="runs and episodes (resumable)")
+    parser.add_argument("--archive", default=str(ARCHIVE), help="finished runs, gzipped (kept across roots)")
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/orchestra_rl_variants.json"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -279,17 +340,19 @@ def main() -> None:
         raise InputError(flow.orchestra_adapter, "adapter", "no SFT adapter: run `make orchestra` first")
     run = load_run(flow.resolve(args.params))
     cfg = rl_config(run.rl, args.params)
-    work = flow.resolve(args.work)
+    work, archive = flow.resolve(args.work), Path(args.archive)
+    fingerprint = sft_fingerprint(flow)
     load_before, started = os.getloadavg(), time.perf_counter()
     plan = [(v, seed) for seed in args.seeds for v in args.variants]  # seed-major: every variant once first
     if not args.report:
-        run_sft(run, flow, work, args.eval_batch)
+        run_sft(run, flow, work, archive, args.eval_batch)
         for estimator, seed in plan:
             if args.runs and f"{estimator}-s{seed}" not in args.runs:
                 continue
-            run_one(run, flow, work, estimator, seed, args.steps, args.eval_batch)
-    records = [json.loads((work / name / RUN_FILE).read_text())
-               for name in ["sft", *(f"{v}-s{seed}" for v, seed in plan)] if (work / name / RUN_FILE).is_file()]
+            run_one(run, flow, work, archive, estimator, seed, args.steps, args.eval_batch)
+    names = ["sft", *(f"{v}-s{seed}" for v, seed in plan)]
+    found = {name: finished_run(work, archive, name, fingerprint) for name in names}
+    records = same_sft([record for record in found.values() if record is not None])
     table = variant_table(records, cfg.advantages.alpha)
     out = Path(args.out)
     plot = plot_curves(records, out.with_suffix(".png"))
@@ -302,7 +365,8 @@ def main() -> None:
         "settings": {"steps": args.steps, "seeds": args.seeds, "group_size": cfg.group_size,
                      "alpha": cfg.advantages.alpha, "rl": run.rl, "held_out": list(HELD_OUT)},
         "runs": {r["name"]: {k: v for k, v in r.items() if k != "episodes"} for r in records},
-        "missing_runs": [f"{v}-s{seed}" for v, seed in plan if not (work / f"{v}-s{seed}" / RUN_FILE).is_file()],
+        "sft_sha256": fingerprint,
+        "missing_runs": [name for name, record in found.items() if record is None],
         "table": table.to_dict(orient="records"), "plot": str(plot.relative_to(REPO)) if plot.is_relative_to(REPO) else str(plot),
         "seconds": round(time.perf_counter() - started, 1), "cpu": cpu_flags(),
         "load_average_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
