@@ -5,6 +5,8 @@ llama-cpp-python's OpenAI-compatible server on 127.0.0.1, started and always sto
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import importlib.metadata
 import os
 import signal
@@ -62,6 +64,27 @@ def server_command(model_path: Path, port: int, n_ctx: int, n_threads: int, mode
     ]
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal this process gets when its parent dies (Linux)
+
+
+def die_with(parent_pid: int):
+    """A preexec_fn: the child gets SIGTERM when the process that started it dies, however it dies.
+
+    Why: the server runs in its own session (below), so a SIGTERM or SIGKILL of the caller alone never
+    reaches it and the `finally` that stops it does not run: a killed benchmark left its llama.cpp server
+    spinning on a core (seen 2026-11-28). prctl's death signal fires when the *thread* that forked exits,
+    which is the thread inside the `with` block here. If the parent is already gone when prctl runs (a
+    race), the child exits at once. Elsewhere than Linux this does nothing."""
+    def preexec() -> None:
+        name = ctypes.util.find_library("c")
+        if not sys.platform.startswith("linux") or not name:
+            return
+        ctypes.CDLL(name, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+    return preexec
+
+
 # A served OpenAI-compatible endpoint that replaces the embedded llama.cpp server (e.g. vLLM on a GPU host).
 LOCAL_LLM_URL_ENV = "ROUTEROPS_LOCAL_LLM_URL"
 
@@ -106,6 +129,7 @@ def local_llm_server(
                 server_command(model_path, port, n_ctx, n_threads, model_alias),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: Ctrl-C goes to us, and we stop the whole group
+                preexec_fn=die_with(os.getpid()),  # and it goes when we go, even when we are killed
             )
         wait_until_ready(proc, base_url, startup_timeout_s, log_file)
         yield base_url

@@ -3,6 +3,10 @@ for the module. Generation is kept to a few tokens."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -65,6 +69,27 @@ def test_server_is_stopped_when_the_block_raises(error):
     assert server_pids(port) == []
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/models", timeout=2)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_the_server_goes_when_its_caller_is_killed(sig):
+    """A caller killed inside the block runs no `finally`: the server must still go (prctl's death signal)."""
+    caller = subprocess.Popen(
+        [sys.executable, "-c", "from routerops.workers.server import local_llm_server\n"
+         "import time\nwith local_llm_server(n_ctx=256) as url:\n    print(url, flush=True)\n    time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        url = caller.stdout.readline().strip()
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        assert server_pids(port), "the server should be running inside the block"
+        caller.send_signal(sig)
+        caller.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while server_pids(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert server_pids(port) == [], f"the server outlived its caller's {sig.name}"
+    finally:
+        caller.kill()
 
 
 def test_a_server_that_dies_fails_fast_with_its_log(tmp_path):
