@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import models.critique.lm_train as lm_train  # noqa: E402
-from evaluation.critique_lm import _critique_paths, fixed_split, load_table  # noqa: E402
+from evaluation.critique_lm import _critique_paths, corl_warmup_rows, fixed_split, load_table  # noqa: E402
 from models.critique.lm_config import load_critique_lm_config  # noqa: E402
 from models.critique.lm_env import MODES, outcome_table  # noqa: E402
 from models.critique.lm_prompts import corl_messages  # noqa: E402
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     table = outcome_table(data, split["train"], cfg.prompts.short_names, cfg.prompts.template)
     probe = split["train"][PROBE_ROWS]
     with tempfile.TemporaryDirectory(prefix="corl-probe-") as work:
-        adapter = args.adapter or lm_train.warmup(cfg, table, split["train"][: cfg.tree.warmup_queries], Path(work),
+        adapter = args.adapter or lm_train.warmup(cfg, table, corl_warmup_rows(cfg, split), Path(work),
                                                   args.seed, corl=True)
         model, tokenizer = load_controller_model(cfg.model, adapter)
         before = choice_probability(model, tokenizer, table, probe, cfg.rl.temperature)

@@ -15,6 +15,7 @@ router and the cascade at the controller's strong-agent share. Writes wall time,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corl-steps", type=int, default=None, help="corl.steps")
     parser.add_argument("--multiplier-lr", type=float, default=None, help="rewards.multiplier_lr (dual ascent, ours)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="keep the adapters here (default: a temporary folder, removed at the end)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import torch
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     rewards = cfg.rewards if args.multiplier_lr is None else dataclasses.replace(cfg.rewards, multiplier_lr=args.multiplier_lr)
     cfg = dataclasses.replace(cfg, protocol=protocol, tree=tree, corl=corl_cfg, rewards=rewards)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="critique-lm-") as work:
+    with (contextlib.nullcontext(str(args.work)) if args.work else tempfile.TemporaryDirectory(prefix="critique-lm-")) as work:
         def partial(state: dict) -> None:  # what is known so far, in case the run is cut short
             schema.write_json_atomic({"partial": True, "elapsed_s": time.perf_counter() - started,
                                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,

@@ -77,6 +77,31 @@ def compare(ep: dict, table: OutcomeTable, rows: np.ndarray, scores: dict, n_boo
     return out
 
 
+def fitted_verdict(model, tokenizer, cfg: CritiqueLMConfig, table: OutcomeTable, split: dict, rows: np.ndarray,
+                   seed: int, scores: dict, kw: dict) -> dict:
+    """The controller with its verdict at a threshold fitted on validation rows (ours; module
+    models/critique/verdict_threshold.py): τ from the first len(rows) validation queries, then greedy
+    on the test rows with False iff p(False) > τ."""
+    from models.critique.verdict_threshold import VerdictSteer, fit_threshold
+
+    controller = make_controller(model, tokenizer, cfg.generation, temperature=0.0, seed=seed)
+    if not hasattr(controller, "steer"):
+        raise InputError(cfg.source, "critique_lm.generation.engine", "a fitted verdict needs the fast sampler")
+    fit_rows = split["val"][: len(rows)]
+    controller.steer = probe = VerdictSteer(tokenizer, 0.5)
+    on_val = greedy_episodes(controller, table, fit_rows, tokenizer=tokenizer, **kw)
+    strong = table.strongest
+    first_to_strong = sum(1 for d in on_val["decisions"] if d and d[0] == f"route:{strong}")
+    rho = float(table.by_strength(cfg.rewards.rho)[strong])
+    threshold = fit_threshold(probe.p_false, first_to_strong, len(fit_rows), rho)
+    controller.steer = VerdictSteer(tokenizer, threshold)
+    ep = greedy_episodes(controller, table, rows, tokenizer=tokenizer, **kw)
+    return {**episode_metrics(ep, table), "threshold": threshold, "fitted_on_val_rows": len(fit_rows),
+            "val_strong_call_share_at_half": episode_metrics(on_val, table)["strong_call_share"],
+            "val_p_false_mean": float(np.mean(probe.p_false)) if probe.p_false else float("nan"),
+            "vs": compare(ep, table, rows, scores, cfg.protocol.bootstrap, seed)}
+
+
 def strip(ep: dict) -> dict:
     return {"decisions": ep["decisions"]}
 
@@ -92,7 +117,8 @@ def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, w
     out = {"controllers": {}, "training": {}}
     warm_rows = split["train"][: cfg.tree.warmup_queries]
     if variants is not None and not variants:  # CoRL only
-        return _corl(cfg, table, split, seed, work, model_cache, folder, rows, warm_rows, out, on_progress) if corl else out
+        return _corl(cfg, table, split, seed, work, model_cache, folder, rows, corl_warmup_rows(cfg, split), out,
+                     on_progress) if corl else out
     adapter = warmup(cfg, table, warm_rows, work / f"seed{seed}" / "warmup", seed, model_cache) if len(warm_rows) else None
     model, tokenizer = load_controller_model(cfg.model, adapter, resolve_device(cfg.rl.device, cfg.source), model_cache)
     before = greedy_episodes(make_controller(model, tokenizer, cfg.generation, temperature=0.0, seed=seed),
@@ -100,6 +126,10 @@ def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, w
     out["controllers"]["warmup_only"] = {**episode_metrics(before, table), "vs": compare(before, table, rows, scores, cfg.protocol.bootstrap, seed)}
     report = on_progress or (lambda _: None)
     report(out)
+    if cfg.protocol.fitted_verdict:
+        out["controllers"]["warmup_only"]["fitted_verdict"] = fitted_verdict(model, tokenizer, cfg, table, split, rows,
+                                                                             seed, scores, kw)
+        report(out)
     del model
     runs = {n: s for n, s in SETTINGS.items() if (not s[1] or cfg.rewards.multiplier_lr > 0)
             and (variants is None or n in variants)}
@@ -122,13 +152,21 @@ def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, w
                                     "adapter_relative_change": summary["adapter_relative_change"],
                                     "budgeted": episode_metrics(budgeted, table),
                                     "vs": compare(ep, table, rows, scores, cfg.protocol.bootstrap, seed)}
+        if cfg.protocol.fitted_verdict:
+            out["controllers"][name]["fitted_verdict"] = fitted_verdict(trainer.model, trainer.tokenizer, cfg, table,
+                                                                        split, rows, seed, scores, kw)
         out["training"][name] = summary
         out["adapters"] = {**out.get("adapters", {}), name: str(trainer.save(work / f"seed{seed}" / name) / "adapter")}
         report(out)
         del trainer, controller
     if not corl:
         return out
-    return _corl(cfg, table, split, seed, work, model_cache, folder, rows, warm_rows, out, on_progress)
+    return _corl(cfg, table, split, seed, work, model_cache, folder, rows, corl_warmup_rows(cfg, split), out, on_progress)
+
+
+def corl_warmup_rows(cfg: CritiqueLMConfig, split: dict) -> np.ndarray:
+    n = cfg.corl.warmup_queries if cfg.corl.warmup_queries >= 0 else cfg.tree.warmup_queries
+    return split["train"][:n]
 
 
 def _corl(cfg: CritiqueLMConfig, table: OutcomeTable, split: dict, seed: int, work: Path, model_cache: Path | None,

@@ -159,8 +159,15 @@ class CorlLMSettings:
     # Ours: per query, each choice's advantages centred across the three modes (lm_train.mode_contrast),
     # so RL learns how the modes differ and the shared level stays the warm-up's. Needs paired_modes.
     mode_contrast: bool = False
+    # CoRL's own format warm-up: its training queries (-1: tree.warmup_queries) and SFT steps (0:
+    # sft.max_steps). Its own because the critique warm-up grew to teach the verdict (200 queries, 100
+    # steps) while CoRL's warm-up teaches only the format at an even prior (24 queries, 12 steps, measured).
+    warmup_queries: int = -1
+    warmup_steps: int = 0
 
     def validate(self, source: str, where: str) -> None:
+        if self.warmup_queries < -1 or self.warmup_steps < 0:
+            raise InputError(source, f"{where}.warmup_queries", "warmup_queries ≥ -1 and warmup_steps ≥ 0")
         if self.mode_contrast and not self.paired_modes:
             raise InputError(source, f"{where}.mode_contrast", "contrasts a query's modes: needs paired_modes: true")
         if self.group != 0 and self.group < 2:
@@ -187,6 +194,10 @@ class ProtocolSettings:
     seeds: tuple = (0, 1, 2)  # training seeds (LoRA init, sampling, query order)
     eval_queries: int = 24  # test queries evaluated (the first of the split's fixed order; 0 = all). CPU cut
     bootstrap: int = 200
+    # Ours: each critique controller is also evaluated with its verdict at a threshold on p(False) fitted
+    # on as many validation rows as test rows evaluated, so that the strongest agent's share of calls
+    # there is rewards.rho's (models/critique/verdict_threshold.py). Reported beside greedy, not instead.
+    fitted_verdict: bool = True
 
     def validate(self, source: str, where: str) -> None:
         if len(self.fractions) != 3 or any(f <= 0 for f in self.fractions) or abs(sum(self.fractions) - 1) > 1e-6:

@@ -137,6 +137,8 @@ def warmup(cfg: CritiqueLMConfig, table: OutcomeTable, rows: Sequence[int], out_
     tokenizer = load_tokenizer(base_model_folder(cfg.model, model_cache))
     data = warmup_rows(cfg, table, rows, tokenizer, corl)
     sft = dataclasses.replace(cfg.sft, seed=seed)
+    if corl and cfg.corl.warmup_steps:
+        sft = dataclasses.replace(sft, max_steps=cfg.corl.warmup_steps)
     if corl and cfg.corl.warmup_choice == "balanced":
         data, sft = paired_batches(data, sft, seed, cfg.source)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +144,11 @@ class FastSampler:
         # End-of-turn tokens are masked until this many are drawn (benchmarks force equal lengths on
         # every side with it, as transformers' min_new_tokens); 0 in the stage.
         self.min_new_tokens = 0
+        # Optional steer(row's generated ids, its logits) -> logits, applied before each token is drawn
+        # (models/critique/verdict_threshold.py: the critique verdict at a threshold fitted on
+        # validation). For greedy evaluation and serving only: the reported log-probabilities are the
+        # steered distribution's, so a steered sampler must not feed RL.
+        self.steer: Callable[[list[int], torch.Tensor], torch.Tensor] | None = None
         self.tokens = 0  # generated tokens, all calls
         self.seconds = 0.0  # time inside generate_batch, all calls
         self.lock = threading.Lock()
@@ -228,6 +233,8 @@ class FastSampler:
         for drawn in range(settings.max_new_tokens):
             if drawn < self.min_new_tokens:
                 logits = logits.index_fill(1, eos, float("-inf"))
+            if self.steer is not None:
+                logits = torch.stack([self.steer(generated[row], logits[i]) for i, row in enumerate(alive.tolist())])
             logp = nucleus_logprobs(logits, settings.temperature, settings.top_p)
             if settings.temperature > 0:
                 token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)

@@ -49,7 +49,7 @@ def test_the_critique_lm_stage_trains_evaluates_and_records_every_controller(tmp
     section["model"] = {"path": str(tiny_llama)}
     section["tree"].update(steps=1, queries_per_step=1, group=2, warmup_queries=2)
     section["sft"].update(max_steps=1, batch_size=2)
-    section["corl"].update(steps=1, queries_per_step=1)
+    section["corl"].update(steps=1, queries_per_step=1, warmup_queries=2, warmup_steps=1)
     section["protocol"].update(seeds=[0], eval_queries=4, bootstrap=10)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"critique_lm": section}))
     for shared in ("datasets", "configs"):
@@ -71,6 +71,10 @@ def test_the_critique_lm_stage_trains_evaluates_and_records_every_controller(tmp
         assert row["budgeted"]["strong_calls_per_query"] <= 0.25 + 1e-9  # ρ passed through at evaluation
         assert row["adapter_relative_change"] >= 0 and 0 <= row["decisions_changed_by_rl"] <= 1
         assert run["training"][name]["steps"] == 1 and run["training"][name]["peak_rss_mb"] > 0
+    for name in ("warmup_only", "with_multipliers", "without_multipliers"):  # τ on validation, scored on test
+        fitted = run["controllers"][name]["fitted_verdict"]
+        assert 0 < fitted["threshold"] <= 1 and fitted["fitted_on_val_rows"] == 4 and fitted["queries"] == 4
+        assert "diff" in fitted["vs"]["logistic"]["controller_minus_baseline"]
     assert set(result["summary"]["corl"]) == {"low", "medium", "high"}
     assert "diff" in run["corl"]["high_minus_expert_alone"]
     for adapter in run["adapters"].values():  # with, without and CoRL: LoRA adapters the register stage reads

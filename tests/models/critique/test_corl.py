@@ -3,8 +3,6 @@ expert calls and cost are ordered low < medium < high on held-out queries."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -29,7 +27,6 @@ def test_mode_features():
 
 
 def test_one_controller_three_modes_ordered(env):
-    start = time.perf_counter()
     # Budgets: low below any expert call (0.01–0.03 USD), medium fits about half of them, high all.
     budgets = (0.005, 0.02, 1000.0)
     policy = ControllerPolicy(env.feature_dim + 3, env.n_actions, hidden=16, value_head=True, seed=0)
@@ -39,7 +36,6 @@ def test_one_controller_three_modes_ordered(env):
     calls = [out[m]["expert_call_ratio"] for m in ("low", "medium", "high")]
     cost = [out[m]["usd_per_query"] for m in ("low", "medium", "high")]
     assert calls[0] < calls[1] <= calls[2] and cost[0] < cost[1] <= cost[2]
-    assert time.perf_counter() - start < 30
 
 
 def test_ppo_needs_a_value_head(env):

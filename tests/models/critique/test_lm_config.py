@@ -54,3 +54,18 @@ def test_the_split_is_fixed_disjoint_and_covers_every_query():
 
 
 
+
+def test_corl_keeps_its_own_small_warm_up_while_the_critique_warm_up_teaches_the_verdict():
+    from evaluation.critique_lm import corl_warmup_rows
+
+    cpu = load_critique_lm_config(REPO / "params.yaml")
+    split = fixed_split(1307, 0)
+    assert (cpu.tree.warmup_queries, cpu.sft.max_steps) == (200, 100)
+    assert (cpu.corl.warmup_queries, cpu.corl.warmup_steps) == (24, 12)
+    assert corl_warmup_rows(cpu, split).tolist() == split["train"][:24].tolist()
+    inherit = critique_lm_config({"tree": {"warmup_queries": 5}})  # -1: CoRL uses the critique's rows
+    assert len(corl_warmup_rows(inherit, split)) == 5
+    paper = load_critique_lm_config(REPO / "configs" / "paper" / "critique.yaml")
+    assert len(corl_warmup_rows(paper, split)) == 0  # the papers: no warm-up
+    with pytest.raises(InputError, match="warmup_queries"):
+        critique_lm_config({"corl": {"warmup_queries": -2}})

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import time
 
 import pandas as pd
 import pytest
@@ -215,9 +214,8 @@ async def test_independent_python_subtasks_run_concurrently(workers):
 
 async def test_independent_llm_subtasks_are_in_flight_together(workers, endpoint):
     script = [plan(1, *(node(k, "echo-small", "answer", f"part {k}") for k in (1, 2, 3))), answer("43", check="ok")]
-    started = time.perf_counter()
     await play(workers, script)
-    assert endpoint.max_in_flight == 3 and time.perf_counter() - started < 3 * endpoint.delay_s
+    assert endpoint.max_in_flight == 3  # the three calls overlapped (a count, not a wall-clock bound)
 
 
 @needs_sandbox
