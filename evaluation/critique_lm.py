@@ -84,6 +84,8 @@ def fitted_verdict(model, tokenizer, cfg: CritiqueLMConfig, table: OutcomeTable,
     on the test rows with False iff p(False) > τ."""
     from models.critique.verdict_threshold import VerdictSteer, fit_threshold
 
+    if len(table.agents) != 2:  # fit_threshold counts a rejection as one call to the strongest agent
+        return {"skipped": f"the fitted verdict is defined for two agents, the table has {len(table.agents)}"}
     controller = make_controller(model, tokenizer, cfg.generation, temperature=0.0, seed=seed)
     if not hasattr(controller, "steer"):
         raise InputError(cfg.source, "critique_lm.generation.engine", "a fitted verdict needs the fast sampler")
@@ -236,6 +238,12 @@ def run_critique_lm(cfg: CritiqueLMConfig, root: str | Path, work: Path, model_c
         for base in scores:
             summary[name][f"{base}_accuracy_at_share"] = float(np.mean([r["vs"][base]["accuracy_at_share"] for r in runs]))
             summary[name][f"minus_{base}"] = float(np.mean([r["vs"][base]["controller_minus_baseline"]["diff"] for r in runs]))
+        fitted = [r["fitted_verdict"] for r in runs if "threshold" in r.get("fitted_verdict", {})]
+        if fitted:
+            summary[name].update({f"fitted_verdict:{k}": float(np.mean([f[k] for f in fitted])) for k in
+                                  ("threshold", "accuracy", "strong_call_share", "usd_per_query", "verify:accuracy")})
+            summary[name].update({f"fitted_verdict:minus_{base}": float(np.mean(
+                [f["vs"][base]["controller_minus_baseline"]["diff"] for f in fitted])) for base in scores})
     if corl:
         summary["corl"] = {mode: {k: float(np.mean([per_seed[s]["corl"][mode][k] for s in per_seed]))
                                   for k in ("expert_call_ratio", "usd_per_query", "accuracy", "reward")}

@@ -82,5 +82,6 @@ def test_the_critique_lm_stage_trains_evaluates_and_records_every_controller(tmp
     assert set(run["adapters"]) == {"with_multipliers", "without_multipliers", "corl"}
     metrics = json.loads(Path(paths["metrics"]).read_text())
     assert "with_multipliers/accuracy" in metrics and "corl/high/expert_call_ratio" in metrics
+    assert 0 < metrics["with_multipliers/fitted_verdict:threshold"] <= 1 and "warmup_only/fitted_verdict:minus_logistic" in metrics
     manifest = json.loads((Layout(tmp_path).manifests / "critique-lm.json").read_text())
     assert manifest  # written by the stage, naming its inputs and outputs
