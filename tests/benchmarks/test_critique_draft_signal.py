@@ -2,21 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "critique_draft_signal.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("critique_draft_signal_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_arithmetic_reads_numbers_and_operators_only(bench):
     assert bench.arithmetic("36*68/12") == pytest.approx(204.0)

@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "critique_verdict_probe.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("critique_verdict_probe_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_a_verifier_that_reads_the_answer_line(bench):
     p = np.array([0.9, 0.2, 0.1, 0.6])

@@ -4,24 +4,11 @@ the peer's venv exists (benchmarks/peer_env.sh; CI has none), one real llmrouter
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from models.base import RoutingData
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "k_worker_peer.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("k_worker_peer_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def table(n: int, seed: int) -> RoutingData:
     """Three workers at $1 / $2 / $10 a query: cheap is right on 50 % of queries, mid on 60 %, dear on

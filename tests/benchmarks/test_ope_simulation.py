@@ -3,23 +3,10 @@ GSM8K table): the policies, the truth on the logged queries and the per-estimato
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ope_simulation.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("ope_simulation_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_simulated_logs_give_every_estimate_its_truth_and_the_summary_its_coverage(bench):
     rng = np.random.default_rng(0)

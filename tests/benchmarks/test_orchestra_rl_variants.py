@@ -3,24 +3,11 @@ from another SFT adapter is not this table's, and runs from two SFT adapters are
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from routerops.errors import InputError
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "orchestra_rl_variants.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("orchestra_rl_variants_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def record(name: str, sha: str) -> dict:
     return {"name": name, "estimator": name.split("-")[0], "seed": 0, "sft_sha256": sha, "steps": [],

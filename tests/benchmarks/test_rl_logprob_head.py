@@ -3,22 +3,8 @@ one model and give the same log-probs (no timing is asserted)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
-import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "rl_logprob_head.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("rl_logprob_head_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_the_two_heads_score_the_same_controller_tokens(bench):
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -3,21 +3,6 @@ sides, the per-side summary and the ours/TRL ratios (no timing is asserted)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "rl_step.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("rl_step_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def words(messages) -> int:
     """A stand-in tokenizer: one token a word, plus 10 for the chat template."""
