@@ -75,11 +75,15 @@ def die_with(parent_pid: int):
     spinning on a core (seen 2026-11-28). prctl's death signal fires when the *thread* that forked exits,
     which is the thread inside the `with` block here. If the parent is already gone when prctl runs (a
     race), the child exits at once. Elsewhere than Linux this does nothing."""
+    # libc is found here, in the parent: between fork and exec the child only makes the two calls
+    # (find_library may run other programs, which has no place in a preexec_fn).
+    name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    libc = ctypes.CDLL(name, use_errno=True) if name else None
+
     def preexec() -> None:
-        name = ctypes.util.find_library("c")
-        if not sys.platform.startswith("linux") or not name:
+        if libc is None:
             return
-        ctypes.CDLL(name, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
         if os.getppid() != parent_pid:
             os._exit(1)
     return preexec
