@@ -114,6 +114,12 @@ class RLSettings:
     # "curriculum": the filter's D_RL then D_SFT's tasks, unprobed (the stage before this option).
     pool: str = "signal"
     probe_samples: int = 4  # rollouts per train task in the probe (G of §5 would be 8)
+    # "signal" only: keep at most this many of the probed pool, those whose success is nearest ½ (ties:
+    # the curriculum's order), so that max_steps meets each more than once; 0 keeps them all. Ours, a
+    # demo setting: 16 steps over a 14-task pool meet no task twice, so the train curve follows the
+    # pool's task families; over 8 tasks each is met twice and the second pass is read against the
+    # first on the same tasks (rl_result.json: success_by_pass).
+    pool_size: int = 0
     max_steps: int = 20  # optimisation steps of the demo (App. A.2: one pass over 2,976 tasks at G = 8)
     save_steps: int = 5  # checkpoint period (the paper gives none)
     # Tokens kept per conversation (its start). App. A.2: 4,096 prompt + 16,384 assistant tokens; the
@@ -148,6 +154,8 @@ class RLSettings:
                 raise InputError(source, f"{where}.{name}", f"{getattr(self, name)} must be finite and ≥ 0")
         if self.pool not in RL_POOLS:
             raise InputError(source, f"{where}.pool", f"{self.pool!r} is not one of {RL_POOLS}")
+        if self.pool_size < 0:
+            raise InputError(source, f"{where}.pool_size", f"{self.pool_size} must be ≥ 0 (0 = the whole probed pool)")
         if self.probe_samples < 2:
             raise InputError(source, f"{where}.probe_samples", "a success rate strictly between 0 and 1 needs ≥ 2 samples")
         if self.trainable_layers < 0:

@@ -82,6 +82,15 @@ def signal_pool(rates: dict[str, float]) -> list[str]:
     return [task_id for task_id, rate in rates.items() if 0.0 < rate < 1.0]
 
 
+def limit_pool(pool: list[str], rates: dict[str, float], size: int) -> list[str]:
+    """At most `size` tasks of `pool` (0: all), those whose probed success is nearest ½ (ties: the pool's
+    order), kept in the pool's order (RLSettings.pool_size)."""
+    if size <= 0 or size >= len(pool):
+        return list(pool)
+    nearest = sorted(range(len(pool)), key=lambda i: (abs(rates[pool[i]] - 0.5), i))[:size]
+    return [pool[i] for i in sorted(nearest)]
+
+
 async def probe_success_rates(executor: Executor, controller, generation, tasks: list, samples: int,
                               run_id: str) -> dict[str, float]:
     """Each task's success rate over `samples` rollouts of the policy as it stands (the SFT adapter),
@@ -103,7 +112,7 @@ PROBE_SEED = 900_000  # the probe's sampling seeds, apart from the steps' (n·G 
 def rl_run_record(run: OrchestraRun, lm: OrchestraConfig, cfg, tasks: list, adapter: Path) -> dict:
     """What the RL run's steps depend on; a rerun with another record is refused."""
     from models.orchestrator.advantages import AdvantageConfig
-    from models.orchestrator.rl import adapter_fingerprint
+    from models.orchestrator.rl import RLSettings, adapter_fingerprint
 
     record = {"settings": dataclasses.asdict(cfg.settings), "advantages": dataclasses.asdict(cfg.advantages),
               "rollouts": {"budget_usd": run.budget_usd, "turn_limit": run.turn_limit, "prompt": run.prompt,
@@ -116,6 +125,9 @@ def rl_run_record(run: OrchestraRun, lm: OrchestraConfig, cfg, tasks: list, adap
     for key in ADVANTAGE_KEYS_ADDED:
         if record["advantages"][key] == getattr(AdvantageConfig(), key):
             del record["advantages"][key]
+    for key in SETTING_KEYS_ADDED:
+        if record["settings"][key] == getattr(RLSettings(), key):
+            del record["settings"][key]
     if run.anonymize_workers:
         record["rollouts"]["anonymize_workers"] = True
     if cfg.advantages.estimator == "agentic_grpo":  # V_t now scores a plan turn's observations (rollout_group)
@@ -125,6 +137,8 @@ def rl_run_record(run: OrchestraRun, lm: OrchestraConfig, cfg, tasks: list, adap
 
 # AdvantageConfig keys of issue 23 (eq. 5, eq. 6, GiGPO), absent from runs recorded before them.
 ADVANTAGE_KEYS_ADDED = ("reward", "schema_bonus", "turn_return", "discount", "shaping_bound", "anchor_weight")
+# RLSettings keys added since (pool_size), likewise.
+SETTING_KEYS_ADDED = ("pool_size",)
 
 
 def rl_checkpoints(folder: Path) -> list[Path]:
@@ -228,6 +242,10 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
                             visit = await rl_pool(executor, controller, generation, task_list, out_dir, run_id,
                                                   settings.probe_samples, record["sft_adapter_sha256"])
                             probe_rates = json.loads((out_dir / RL_POOL_FILE).read_text())["success_rate"]
+                            kept = limit_pool([t.task_id for t in visit], probe_rates, settings.pool_size)
+                            if len(kept) < len(visit):
+                                log.info("RL pool limited to the %d tasks nearest ½ (orchestra.rl.pool_size)", len(kept))
+                            visit = [t for t in visit if t.task_id in set(kept)]
                         while not trainer.finished:
                             task = visit[trainer.step_count % len(visit)]
                             step = await rl_step(trainer, executor, cfg, controller, generation, task, run_id, normaliser,
@@ -249,8 +267,10 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
         pool_file = out_dir / RL_POOL_FILE
         probed = json.loads(pool_file.read_text()) if settings.pool == "signal" and pool_file.is_file() else None
         result = {"global_step": trainer.step_count, "resumed_from_step": resumed_from,
-                  "success_gain_over_sft_probe": gain_by_half(steps),
-                  "pool": settings.pool, "pool_tasks": probed["pool"] if probed else record["tasks"],
+                  "success_gain_over_sft_probe": gain_by_half(steps), "success_by_pass": success_by_pass(steps),
+                  "pool": settings.pool, "pool_size": settings.pool_size,
+                  "pool_tasks": limit_pool(probed["pool"], probed["success_rate"], settings.pool_size) if probed
+                  else record["tasks"],
                   "probe_success_rate": probed["success_rate"] if probed else None,
                   "train_seconds": round(time.perf_counter() - started, 3), "checkpoint": str(last),
                   "adapter_dir": str(adapter_out), "sft_adapter": str(adapter), "group_size": cfg.group_size,
@@ -285,6 +305,20 @@ def with_gain_over_probe(step: dict, probe_rate: float | None) -> dict:
     if probe_rate is not None:
         step[GAIN_KEY] = float(step["success_rate"]) - float(probe_rate)
     return step
+
+
+def success_by_pass(steps: list[dict]) -> dict | None:
+    """Tasks met more than once: the mean G-sample success at each task's first and second visit (the
+    same tasks, so the difference is the policy's, not the pool's order of families); None when no
+    task was met twice."""
+    visits: dict[str, list[float]] = {}
+    for step in steps:
+        visits.setdefault(step["task_id"], []).append(float(step["success_rate"]))
+    twice = [v for v in visits.values() if len(v) >= 2]
+    if not twice:
+        return None
+    return {"first": sum(v[0] for v in twice) / len(twice), "second": sum(v[1] for v in twice) / len(twice),
+            "tasks": len(twice)}
 
 
 def gain_by_half(steps: list[dict]) -> dict | None:

@@ -328,66 +328,39 @@ def test_the_signal_pool_keeps_tasks_solved_sometimes_but_not_always():
     assert signal_pool({"a": 0.0, "c": 1.0}) == []
 
 
-class AlternatingController:
-    """Right on every task whose id ends in 'always', wrong on 'never', and right on every other call
-    row for the rest: a policy whose sampled success is 1, 0 and strictly between."""
+def test_a_limited_pool_keeps_the_tasks_nearest_one_half_in_the_pool_s_order():
+    from stages.orchestra.rl import limit_pool
 
-    name = "orchestrator"
-
-    def __init__(self, answers: dict[str, str]):
-        from models.orchestrator.config import GenerationSettings
-
-        self.answers, self.settings, self.calls, self.version, self.rows = answers, GenerationSettings(), 0, "1", 0
-
-    def respond(self, conversations):
-        from routerops.orchestra.controller import ControllerTurn
-
-        turns = []
-        for conversation in conversations:
-            task = conversation[1]["content"]
-            kind = next(k for k in self.answers if k in task)
-            self.rows += 1
-            right = kind.endswith("always") or (not kind.endswith("never") and self.rows % 2 == 0)
-            answer = self.answers[kind] if right else "no idea"
-            turns.append(ControllerTurn(text=f"<final_answer>{answer}</final_answer>"))
-        return turns
+    rates = {"a": 0.25, "b": 0.75, "c": 0.5, "d": 0.25, "e": 0.5}
+    pool = list(rates)
+    assert limit_pool(pool, rates, 2) == ["c", "e"]
+    assert limit_pool(pool, rates, 3) == ["a", "c", "e"]  # of the 0.25 / 0.75 ties, the earliest
+    assert limit_pool(pool, rates, 0) == pool and limit_pool(pool, rates, 9) == pool
 
 
-async def test_the_probe_rolls_every_candidate_and_the_pool_is_written_once(tmp_path):
-    import asyncio
+def test_success_by_pass_reads_each_task_s_second_visit_against_its_first():
+    from stages.orchestra.rl import success_by_pass
 
-    from models.orchestrator.config import GenerationSettings
-    from routerops.orchestra.executor import Executor, ExecutorConfig
-    from routerops.pricing import load_pool, load_price_book
-    from routerops.types import Task
-    from routerops.workers import build_workers
-    from stages.orchestra import RL_POOL_FILE, rl_pool
-
-    pool, book = load_pool(REPO / "configs/pool.yaml"), load_price_book(REPO / "configs/prices/current.yaml")
-    executor = Executor(pool, build_workers(pool, "http://127.0.0.1:9/v1"), book, ExecutorConfig(prompt="compact"))
-    tasks = [Task(task_id=f"t-{kind}", suite="s", split="train", prompt=f"Say {kind}.", answer=kind,
-                  meta={"verifier": "exact"}) for kind in ("always", "never", "sometimes")]
-    controller = AlternatingController({t.answer: t.answer for t in tasks})
-    generation = GenerationSettings(temperature=0.7)
-    kept = await rl_pool(executor, controller, generation, tasks, tmp_path, "run", samples=4)
-    assert [t.task_id for t in kept] == ["t-sometimes"]
-    probed = json.loads((tmp_path / RL_POOL_FILE).read_text())
-    assert probed["success_rate"] == {"t-always": 1.0, "t-never": 0.0, "t-sometimes": 0.5}
-    rows = controller.rows
-    again = await rl_pool(executor, controller, generation, tasks, tmp_path, "run", samples=4)
-    assert again == kept and controller.rows == rows  # a resumed run reads the probe back
-    with pytest.raises(RouteropsError, match="no train task has a learning signal"):
-        await rl_pool(executor, controller, generation, tasks[:2], tmp_path, "run", samples=4)
+    # Two tasks cycled twice, and a fifth step that meets "x" a third time (not read).
+    steps = [{"task_id": t, "success_rate": s} for t, s in
+             [("x", 0.25), ("y", 0.5), ("x", 0.75), ("y", 1.0), ("x", 0.0)]]
+    assert success_by_pass(steps) == {"first": 0.375, "second": 0.875, "tasks": 2}
+    assert success_by_pass(steps[:2]) is None  # no task met twice
 
 
-def test_the_gain_over_the_sft_probe_takes_the_tasks_difficulty_out_of_the_train_curve():
-    from stages.orchestra.rl import GAIN_KEY, gain_by_half, with_gain_over_probe
+def test_a_run_recorded_before_pool_size_existed_still_resumes(tmp_path):
+    """pool_size is left out of the run record at its default, so the record of a run made before the
+    key existed still matches; a limit, which changes the steps, is recorded."""
+    import dataclasses
 
-    # The pool is cycled, so successive steps are different tasks: a step's success minus the SFT
-    # policy's probed rate on its own task is what moves with the policy.
-    steps = [with_gain_over_probe({"success_rate": s}, p) for s, p in
-             [(0.5, 0.25), (0.0, 0.5), (1.0, 0.5), (1.0, 0.75)]]
-    assert [s[GAIN_KEY] for s in steps] == [0.25, -0.5, 0.5, 0.25]
-    assert gain_by_half(steps) == {"first_half": -0.125, "second_half": 0.375, "steps": 4}
-    assert GAIN_KEY not in with_gain_over_probe({"success_rate": 1.0}, None)  # curriculum pool: no probe
-    assert gain_by_half([with_gain_over_probe({"success_rate": 1.0}, None)]) is None
+    from models.orchestrator.rl import rl_config
+    from stages.orchestra.config import lm_config, load_run
+    from stages.orchestra.rl import rl_run_record
+
+    params = Path(__file__).resolve().parents[2] / "params.yaml"
+    run = load_run(params)
+    cfg = rl_config({**run.rl, "pool_size": 0}, str(params))
+    record = rl_run_record(run, lm_config(run, params), cfg, [], tmp_path)
+    assert "pool_size" not in record["settings"] and "probe_samples" in record["settings"]
+    limited = dataclasses.replace(cfg, settings=dataclasses.replace(cfg.settings, pool_size=8))
+    assert rl_run_record(run, lm_config(run, params), limited, [], tmp_path)["settings"]["pool_size"] == 8

@@ -272,6 +272,7 @@ def test_the_section_splits_between_the_update_and_the_estimator(tmp_path):
     ({"device": "tpu"}, "device", "not one of"),
     ({"group_size": 1}, "group_size", "≥ 2"),  # AdvantageConfig's key, same section
     ({"estimator": "ppo"}, "estimator", "not one of"),
+    ({"pool_size": -1}, "pool_size", "≥ 0"),
 ])
 def test_bad_settings_name_the_key(raw, key, problem):
     with pytest.raises(InputError, match=f"params.yaml: field 'orchestra.rl.{key}': .*{problem}"):
