@@ -86,16 +86,35 @@ CURVE_PANELS = (("reward/return_mean", "train return V − α·ĉ"), ("success_r
                 ("kl", "KL to the SFT reference (k3)"), ("reward/usd_mean", "USD per episode"))
 
 
+def success_by_pass(steps: list[dict]) -> dict | None:
+    """Tasks met more than once: the mean G-sample success at each task's first and second visit (the
+    same tasks, so the difference is the policy's, not the pool's order of families); None when no
+    task was met twice."""
+    visits: dict[str, list[float]] = {}
+    for step in steps:
+        visits.setdefault(step["task_id"], []).append(float(step["success_rate"]))
+    twice = [v for v in visits.values() if len(v) >= 2]
+    if not twice:
+        return None
+    return {"first": sum(v[0] for v in twice) / len(twice), "second": sum(v[1] for v in twice) / len(twice),
+            "tasks": len(twice)}
+
+
+
 def plot_rl_curves(curves: dict[str, list[list[dict]]], path: Path, title: str, window: int = 5) -> Path:
     """One panel per CURVE_PANELS key: for each label, the mean over its runs (lists of step records)
-    of the key per step, as a `window`-step moving mean (a group of G = 4 is a noisy point). Atomic."""
+    of the key per step, as a `window`-step moving mean (a group of G = 4 is a noisy point). When some
+    run met a task twice (orchestra.rl.pool_size), one more panel: the success at the first and the
+    second visit of those tasks (success_by_pass, the mean over the runs that have one). Atomic."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, len(CURVE_PANELS), figsize=(4 * len(CURVE_PANELS), 3.6))
+    by_pass = {label: [p for p in (success_by_pass(r) for r in runs if r) if p] for label, runs in curves.items()}
+    panels = len(CURVE_PANELS) + int(any(by_pass.values()))
+    fig, axes = plt.subplots(1, panels, figsize=(4 * panels, 3.6))
     for label, runs in curves.items():
         runs = [r for r in runs if r]
         if not runs:
@@ -107,6 +126,12 @@ def plot_rl_curves(curves: dict[str, list[list[dict]]], path: Path, title: str, 
                     label=f"{label} ({len(runs)} run{'s' * (len(runs) > 1)})")
             ax.set_title(name, fontsize=10)
             ax.set_xlabel("RL step")
+        if by_pass[label]:
+            passes = [np.mean([p["first"] for p in by_pass[label]]), np.mean([p["second"] for p in by_pass[label]])]
+            axes[-1].plot([1, 2], passes, marker="o", label=label)
+            axes[-1].set_xticks([1, 2])
+            axes[-1].set_title(f"success, 1st vs 2nd visit ({by_pass[label][0]['tasks']} tasks)", fontsize=10)
+            axes[-1].set_xlabel("visit of the same task")
     axes[0].legend(fontsize=8)
     fig.suptitle(f"{title} ({window}-step moving mean)")
     fig.tight_layout()

@@ -10,7 +10,7 @@ import json
 import logging
 from pathlib import Path
 
-from evaluation.orchestra_results import plot_rl_curves
+from evaluation.orchestra_results import plot_rl_curves, success_by_pass
 from evaluation.tracking import use_tracking
 from models.orchestrator.config import OrchestraConfig
 from models.orchestrator.lm import base_model_folder
@@ -305,20 +305,6 @@ def with_gain_over_probe(step: dict, probe_rate: float | None) -> dict:
     if probe_rate is not None:
         step[GAIN_KEY] = float(step["success_rate"]) - float(probe_rate)
     return step
-
-
-def success_by_pass(steps: list[dict]) -> dict | None:
-    """Tasks met more than once: the mean G-sample success at each task's first and second visit (the
-    same tasks, so the difference is the policy's, not the pool's order of families); None when no
-    task was met twice."""
-    visits: dict[str, list[float]] = {}
-    for step in steps:
-        visits.setdefault(step["task_id"], []).append(float(step["success_rate"]))
-    twice = [v for v in visits.values() if len(v) >= 2]
-    if not twice:
-        return None
-    return {"first": sum(v[0] for v in twice) / len(twice), "second": sum(v[1] for v in twice) / len(twice),
-            "tasks": len(twice)}
 
 
 def gain_by_half(steps: list[dict]) -> dict | None:

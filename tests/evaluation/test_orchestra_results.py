@@ -63,3 +63,28 @@ def test_results_table_puts_each_splits_controller_rows_before_its_baselines(rol
         ("test", "orchestrator-base"), ("test", "orchestrator-sft"), ("test", "single/python/python"),
         ("test", "mtrouter"), ("ood", "uniform_random")]
     assert "operating_point" not in table and table[table.kind != "orchestrator"].valid_turn_rate.isna().all()
+
+
+def test_success_by_pass_reads_each_task_s_second_visit_against_its_first():
+    from evaluation.orchestra_results import success_by_pass
+
+    # Two tasks cycled twice, and a fifth step that meets "x" a third time (not read).
+    steps = [{"task_id": t, "success_rate": s} for t, s in
+             [("x", 0.25), ("y", 0.5), ("x", 0.75), ("y", 1.0), ("x", 0.0)]]
+    assert success_by_pass(steps) == {"first": 0.375, "second": 0.875, "tasks": 2}
+    assert success_by_pass(steps[:2]) is None  # no task met twice
+
+
+def test_the_curves_get_a_by_visit_panel_only_when_a_task_was_met_twice(tmp_path):
+    from PIL import Image
+
+    from evaluation.orchestra_results import CURVE_PANELS, plot_rl_curves
+
+    def steps(tasks):
+        return [{"task_id": t, "success_rate": 0.5, "reward/return_mean": 0.4, "kl": 0.0, "reward/usd_mean": 1e-4}
+                for t in tasks]
+
+    once = plot_rl_curves({"grpo": [steps(["a", "b", "c", "d"])]}, tmp_path / "once.png", "t")
+    twice = plot_rl_curves({"grpo": [steps(["a", "b", "a", "b"])]}, tmp_path / "twice.png", "t")
+    w_once, w_twice = Image.open(once).size[0], Image.open(twice).size[0]
+    assert w_twice / w_once == pytest.approx((len(CURVE_PANELS) + 1) / len(CURVE_PANELS), rel=0.02)

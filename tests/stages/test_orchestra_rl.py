@@ -338,16 +338,6 @@ def test_a_limited_pool_keeps_the_tasks_nearest_one_half_in_the_pool_s_order():
     assert limit_pool(pool, rates, 0) == pool and limit_pool(pool, rates, 9) == pool
 
 
-def test_success_by_pass_reads_each_task_s_second_visit_against_its_first():
-    from stages.orchestra.rl import success_by_pass
-
-    # Two tasks cycled twice, and a fifth step that meets "x" a third time (not read).
-    steps = [{"task_id": t, "success_rate": s} for t, s in
-             [("x", 0.25), ("y", 0.5), ("x", 0.75), ("y", 1.0), ("x", 0.0)]]
-    assert success_by_pass(steps) == {"first": 0.375, "second": 0.875, "tasks": 2}
-    assert success_by_pass(steps[:2]) is None  # no task met twice
-
-
 def test_a_run_recorded_before_pool_size_existed_still_resumes(tmp_path):
     """pool_size is left out of the run record at its default, so the record of a run made before the
     key existed still matches; a limit, which changes the steps, is recorded."""
