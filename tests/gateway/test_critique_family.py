@@ -91,6 +91,8 @@ def test_a_fitted_threshold_decides_the_verdict_and_travels_with_the_artifact(cr
     out = strict.predict(draft)
     assert list(out.action) == ["reject", "reject"] and list(out.worker) == [STRONG, STRONG]
     assert [float(x) for x in out.p_false] == pytest.approx(p, abs=1e-5)  # same weights, same p(False)
+    again = served.predict(draft.iloc[:1])  # the copies share its weights, not their verdict rule
+    assert (again.action[0], again.p_false[0]) == ("reject", "")
     loaded = ServedCritique.load(lenient.save(tmp_path / "saved"))
     assert loaded.verdict_threshold == 1.0 and loaded.tags()["verdict"] == "p(False) > 1"
     assert list(loaded.predict(draft.iloc[:1]).action) == ["accept"]
