@@ -5,9 +5,10 @@ the cheapest agent rather than Template I's route, so the strongest agent is onl
 False verdict). The controller then checks the draft (Template II, greedy) and, while it says False,
 the draft goes to the stronger agent it names; a True verdict, a malformed turn (the draft stands) or
 the strongest agent's draft ends it. A controller registered with a fitted verdict threshold τ says
-False iff p(False) > τ (evaluation/critique_serving.py); each verdict then shows its p(False) and τ. The answer is the last draft; `usage` sums the agents' calls
-(the controller runs in the gateway's process and bills nothing), and the explanation lists each
-verdict and each call with its worker, tokens and cost.
+False iff p(False) > τ (evaluation/critique_serving.py). The answer is the last draft; `usage` sums
+the agents' calls (the controller runs in the gateway's process and bills nothing), and the
+explanation lists each verdict (with its p(False) and τ when thresholded) and each call with its
+worker, tokens and cost.
 
 Budget: every call's worst case (its max_tokens at the worker's price) is reserved for all agents the
 episode might call, capped by the key's remaining budget and the request's `budget_usd`; the

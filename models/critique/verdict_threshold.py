@@ -16,8 +16,8 @@ How. `VerdictSteer` is a FastSampler `steer` hook: at the token after "<verdict>
 picks False iff p(False) > τ; after "<verdict>True</verdict>" it ends the turn (Template II, 002 Tab. 8,
 writes `<model>` only after False: a controller inclined to reject, overruled by τ, would otherwise go
 on to name a model and make its turn malformed). Everything else the controller writes is untouched.
-τ = ½ is greedy decoding restricted to the two verdict words. `fit_verdict_threshold` fits τ through any greedy
-episode runner (the evaluation's and the registration's share it); the served controller
+τ = ½ is greedy decoding restricted to the two verdict words. `fit_verdict_threshold` fits τ through
+any greedy episode runner (the evaluation's and the registration's share it); the served controller
 (evaluation/critique_serving.py) keeps τ in its artifact, so the gateway decides as the evaluation did.
 """
 
