@@ -2,16 +2,19 @@
 GRPOTrainer, on the same model (SmolLM2-135M-Instruct, params.yaml's orchestra.model), the same LoRA
 (r, alpha, every projection), group size G, prompt length and completion length, in one run.
 
-Three sides, each in one run:
+Four sides, each in one run:
 - ours: what the orchestra-rl stage does per step (stages/orchestra/rl_groups.py:rl_step) minus the executor and
-  workers: G completions of the prompt sampled through the stage's FastSampler (models/orchestrator/
-  sampler.py: merged adapter, KV cache, the shared prompt prefilled once; re-synced to the adapter
-  before each step, as the stage does), then the RolloutBatch
+  workers: G completions of the prompt sampled through the stage's LlamaCppSampler (models/orchestrator/
+  llama_sampler.py: the adapter written as a GGUF LoRA and applied by llama.cpp on a float32 copy of the
+  base GGUF, the rows decoded as one batch; re-synced to the adapter before each step, as the stage does),
+  then the RolloutBatch
   (the conversations re-tokenised, the SFT mask) and `RLTrainer.step` (the reference's no-grad pass,
   then clipped ratio + β·KL with the old log-probs from its own forward pass, backward, AdamW).
-- before: the same step with the stage's previous sampler, the policy's PEFT model through
+- fast: the same step with FastSampler (models/orchestrator/sampler.py: a merged copy of the policy in
+  torch, KV cache, the shared prompt prefilled once), engine "fast".
+- before: the same step with the stage's sampler before issue 23, the policy's PEFT model through
   LMController's batched generate (transformers): the "before" of the sampler's speed-up.
-- the log-probability agreement of ours: the sampler's log-probs of the tokens it drew against the
+- the log-probability agreement of ours and fast: each sampler's log-probs of the tokens it drew against the
   trainer's recomputation of the same tokens (max |Δ| per token, reported).
 The reward is trivial (distinct characters of the completion), group-normalised on every side.
 - TRL: one GRPOTrainer optimiser step with per_device_train_batch_size = num_generations = G: one
@@ -60,7 +63,7 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
 log = logging.getLogger("rl_step")
 
-SIDES = ("ours", "trl", "before")
+SIDES = ("ours", "trl", "before", "fast")
 SYSTEM = ("You are the controller. Route each subtask to one (model, skill) pair: smol-direct/answer or "
           "python/python. Write <plan>, <route>, <verify> and one <final_answer>.")
 FILLER = ("A warehouse ships crates north and south; each truck carries a fixed load, and the ledger lists "
@@ -155,13 +158,14 @@ def settings_of(args) -> dict:
 
 
 def measure_ours(args, folder: Path, shared: dict) -> dict:
-    """Warm-up + measured steps of RLTrainer with the side's sampler (module docstring): FastSampler for
-    "ours", LMController's generate for "before"."""
+    """Warm-up + measured steps of RLTrainer with the side's sampler (module docstring): LlamaCppSampler
+    for "ours", FastSampler for "fast", LMController's generate for "before"."""
     import torch
 
     from models.orchestrator.advantages import group_normalised
     from models.orchestrator.config import GenerationSettings
-    from models.orchestrator.lm import LMController
+    from models.orchestrator.lm import LMController, base_gguf
+    from models.orchestrator.llama_sampler import LlamaCppSampler
     from models.orchestrator.sampler import FastSampler
     from benchmarks.sft_throughput import PeakRSS
     from models.orchestrator.rl import RLSettings, RLTrainer, RolloutBatch
@@ -188,8 +192,12 @@ def measure_ours(args, folder: Path, shared: dict) -> dict:
     generation = GenerationSettings(temperature=1.0, top_p=1.0, max_new_tokens=args.completion_tokens,
                                     batch_size=args.group_size, seed=args.seed)
     if args.side == "ours":
-        controller = FastSampler(trainer.model, trainer.tokenizer, generation, name="policy")
+        controller = LlamaCppSampler(trainer.model, trainer.tokenizer, generation, Path(shared["gguf"]),
+                                     name="policy", work_dir=folder.parent)
         controller.min_new_tokens = args.completion_tokens  # as min_new_tokens on the other sides
+    elif args.side == "fast":
+        controller = FastSampler(trainer.model, trainer.tokenizer, generation, name="policy")
+        controller.min_new_tokens = args.completion_tokens
     else:
         controller = FixedLengthController(trainer.model, trainer.tokenizer, generation, name="policy")
     steps = {"step": [], "generate": [], "update": [], "batch": [], "optimise": []}
@@ -197,15 +205,15 @@ def measure_ours(args, folder: Path, shared: dict) -> dict:
     with PeakRSS() as peak:
         for n in range(args.warmup + args.steps):
             started = time.perf_counter()
-            if args.side == "ours":
-                controller.sync()  # the stage re-merges the adapter before every step's rollouts
+            if args.side in ("ours", "fast"):
+                controller.sync()  # the stage re-syncs the adapter before every step's rollouts
             turns = controller.respond([prompt] * args.group_size)
             generated = time.perf_counter()
             conversations = [prompt + [{"role": "assistant", "content": t.text}] for t in turns]
             advantages = group_normalised([completion_reward(t.text) for t in turns], 1e-6)
             batch = RolloutBatch.from_conversations(trainer.tokenizer, conversations, [[a] for a in advantages],
                                                     turns=[[t] for t in turns], max_length=settings.max_seq_len)
-            if args.side == "ours" and n == 0:
+            if args.side in ("ours", "fast") and n == 0:
                 agreement.append(logprob_agreement(controller, trainer, prompt, args.group_size))
             # As the stage does: old log-probs recomputed, not the sampler's (exact ρ = 1 at the update).
             batch = dataclasses.replace(batch, old_known=torch.zeros_like(batch.old_known))
@@ -382,29 +390,34 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.sft_throughput import versions
     from models.embeddings import cpu_flags
     from models.orchestrator.config import load_orchestra_config
-    from models.orchestrator.lm import base_model_folder
+    from models.orchestrator.lm import base_gguf, base_model_folder
 
     model = load_orchestra_config(args.params).model
     folder = base_model_folder(model)  # dequantise the GGUF now if needed, outside both measurements
-    shared = settings_of(args)
+    shared = {**settings_of(args), "gguf": str(base_gguf(model))}
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory() as tmp:
         for i, side in enumerate(run_order(args.rounds)):
             log.info("round %d: %s", i // 2 + 1, side)
             runs[side].append(spawn_side(side, args, folder, shared, Path(tmp) / f"{side}-{i}.json"))
     ours, trl, before = side_summary(runs["ours"]), side_summary(runs["trl"]), side_summary(runs["before"])
+    fast = side_summary(runs["fast"])
     speed = {side: tokens_per_second(summary_, args.group_size, args.completion_tokens)
-             for side, summary_ in (("ours", ours), ("before", before), ("trl", trl))}
+             for side, summary_ in (("ours", ours), ("fast", fast), ("before", before), ("trl", trl))}
     record = {
         "benchmark": "rl_step",
         "command": "python benchmarks/rl_step.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "model": model.name, "settings": shared, "order": run_order(args.rounds),
-        "ours": {"trainer": "models/orchestrator/rl.py RLTrainer.step with FastSampler generation",
+        "ours": {"trainer": "models/orchestrator/rl.py RLTrainer.step with LlamaCppSampler generation",
                  "logprob_max_abs_diff": max(d for r in runs["ours"] for d in r["logprob_max_abs_diff"]), **ours},
+        "fast": {"trainer": "models/orchestrator/rl.py RLTrainer.step with FastSampler generation",
+                 "logprob_max_abs_diff": max(d for r in runs["fast"] for d in r["logprob_max_abs_diff"]), **fast},
         "before": {"trainer": "models/orchestrator/rl.py RLTrainer.step with LMController (transformers generate)",
                    **before},
         "controller_tokens_per_second": speed,
         "ratio_tokens_per_second_ours_over_before": round(speed["ours"] / speed["before"], 2),
+        "ratio_tokens_per_second_ours_over_fast": round(speed["ours"] / speed["fast"], 2),
+        "ratio_tokens_per_second_ours_over_trl": round(speed["ours"] / speed["trl"], 2),
         "ratio_ours_over_before": ratios(ours, before),
         "trl": {"trainer": f"trl {metadata.version('trl')} GRPOTrainer (one optimiser step, model.generate)", **trl},
         "ratio_ours_over_trl": ratios(ours, trl),
@@ -416,11 +429,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     r = record["ratio_ours_over_trl"]
-    log.info("seconds per step: ours %.2f, before %.2f, TRL %.2f (ratio to TRL %.2f; update only %.2f); "
-             "controller tokens/s ours %.1f, before %.1f, TRL %.1f; peak RSS ours %.0f MiB, TRL %.0f MiB (ratio %.2f); "
-             "wrote %s", ours["seconds_per_step"]["median"], before["seconds_per_step"]["median"],
-             trl["seconds_per_step"]["median"], r["seconds_per_step"], r["update_seconds"], speed["ours"],
-             speed["before"], speed["trl"], ours["peak_rss_mib"], trl["peak_rss_mib"], r["peak_rss"], args.out)
+    log.info("seconds per step: ours %.2f, fast %.2f, before %.2f, TRL %.2f (ratio to TRL %.2f; update only %.2f); "
+             "controller tokens/s ours %.1f, fast %.1f, before %.1f, TRL %.1f; peak RSS ours %.0f MiB, TRL %.0f MiB "
+             "(ratio %.2f); wrote %s", ours["seconds_per_step"]["median"], fast["seconds_per_step"]["median"],
+             before["seconds_per_step"]["median"], trl["seconds_per_step"]["median"], r["seconds_per_step"],
+             r["update_seconds"], speed["ours"], speed["fast"], speed["before"], speed["trl"], ours["peak_rss_mib"],
+             trl["peak_rss_mib"], r["peak_rss"], args.out)
     return 0
 
 

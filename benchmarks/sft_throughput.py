@@ -65,7 +65,8 @@ class StepTimer(TrainerCallback):
 
 
 class PeakRSS:
-    """Peak resident memory of this process while running, sampled every 50 ms."""
+    """Peak resident memory of this process and its children (e.g. the llama.cpp rollout engine) while
+    running, sampled every 50 ms."""
 
     def __init__(self):
         self.peak = 0
@@ -75,7 +76,13 @@ class PeakRSS:
     def sample(self):
         process = psutil.Process()
         while not self.done.wait(0.05):
-            self.peak = max(self.peak, process.memory_info().rss)
+            total = process.memory_info().rss
+            for child in process.children(recursive=True):
+                try:
+                    total += child.memory_info().rss
+                except psutil.Error:  # it ended between the listing and the reading
+                    pass
+            self.peak = max(self.peak, total)
 
     def __enter__(self):
         self.thread.start()

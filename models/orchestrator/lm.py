@@ -135,6 +135,11 @@ def base_model_folder(spec: ModelSpec, cache_root: Path | None = None) -> Path:
     return folder
 
 
+def base_gguf(spec: ModelSpec) -> Path | None:
+    """The GGUF the spec's base weights come from (None for a local transformers folder)."""
+    return None if spec.path else find_package_file(spec.gguf_package, spec.gguf_file)
+
+
 def load_tokenizer(folder: Path) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if tokenizer.pad_token is None:  # batches need one; never trained on (labels -100, attention 0)

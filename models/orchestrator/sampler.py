@@ -22,9 +22,9 @@ padded, re-tokenised conversations, all positions at once. The two differ only i
 test_sampler.py bounds the difference on the same tokens, and benchmarks/rl_step.py reports it at the
 real model's size.
 
-Alternatives measured or considered: llama.cpp's server with the adapter converted to a GGUF LoRA
-after every update would decode the Q4_1 weights with 8-bit quantised activations, so its log-probs
-differ from the float32 trainer's by far more than rounding; vLLM needs a GPU.
+Alternatives: models/orchestrator/llama_sampler.py (engine llama_cpp) runs the same float32 weights
+and adapter through llama.cpp, ~5x faster on a CPU (not Q4_1: its 8-bit activations would move the
+log-probs by far more than rounding); vLLM needs a GPU.
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ from typing import Any
 import torch
 
 from models.orchestrator.config import GenerationSettings, ModelSpec
-from models.orchestrator.lm import LMController, eos_token_ids, load_controller_model, resolve_device, turn_length
+from models.orchestrator.llama_engine import common_prefix  # torch-free: the engine process shares it
+from models.orchestrator.lm import (LMController, base_gguf, base_model_folder, eos_token_ids, load_controller_model,
+                                   resolve_device, turn_length)
+from routerops.errors import InputError
 from routerops.orchestra.controller import ControllerTurn, Message
 
 
@@ -95,16 +98,6 @@ def build_engine(model: torch.nn.Module) -> torch.nn.Module:
         p.requires_grad_(False)
     merge_policy(model, engine)
     return engine
-
-
-def common_prefix(rows: Sequence[Sequence[int]]) -> list[int]:
-    """The longest token prefix every row shares."""
-    first = rows[0]
-    n = min(len(r) for r in rows)
-    for i in range(n):
-        if any(r[i] != first[i] for r in rows):
-            return list(first[:i])
-    return list(first[:n])
 
 
 def nucleus_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -269,8 +262,16 @@ class FastSampler:
 
 
 def controller_for(model: torch.nn.Module, tokenizer: Any, settings: GenerationSettings, name: str = "lm",
-                   version: str = "1") -> FastSampler | LMController:
-    """The controller over `model` that settings.engine names."""
+                   version: str = "1", gguf: Path | None = None, work_dir: Path | None = None) -> Any:
+    """The controller over `model` that settings.engine names. llama_cpp needs `gguf`, the file the
+    model's base weights were dequantised from, and keeps its float32 copy in `work_dir`."""
+    if settings.engine == "llama_cpp":
+        from models.orchestrator.llama_sampler import LlamaCppSampler
+
+        if gguf is None:
+            raise InputError("orchestra.controller", "engine", "llama_cpp samples from the base model's GGUF, and "
+                             "this model has none (a local transformers folder): use engine fast")
+        return LlamaCppSampler(model, tokenizer, settings, gguf, name=name, version=version, work_dir=work_dir)
     cls = FastSampler if settings.engine == "fast" else LMController
     return cls(model, tokenizer, settings, name=name, version=version)
 
@@ -282,4 +283,5 @@ def load_controller_engine(spec: ModelSpec, settings: GenerationSettings, adapte
     device = resolve_device(settings.device, "orchestra.controller")
     model, tokenizer = load_controller_model(spec, adapter, device, cache_root)
     default = spec.name if adapter is None else f"{spec.name}+{Path(adapter).name}"
-    return controller_for(model, tokenizer, settings, name=name or default, version=version)
+    return controller_for(model, tokenizer, settings, name=name or default, version=version,
+                          gguf=base_gguf(spec), work_dir=base_model_folder(spec, cache_root).parent)

@@ -235,7 +235,7 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
             with _workers(pool, run.evaluation.server_ctx, run.evaluation.server_threads) as workers:
                 async def loop():
                     executor = Executor(pool, workers, book, executor_config, cache=cache)
-                    controller = rl_controller(trainer, generation)
+                    controller = rl_controller(trainer, generation, lm.model, layout.model_cache)
                     try:
                         visit, probe_rates = task_list, {}
                         if settings.pool == "signal":

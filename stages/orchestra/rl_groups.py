@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import Callable
 
+from models.orchestrator.lm import base_gguf
 from models.orchestrator.sampler import controller_for
 from routerops.envs.qa import extract_answer
 from routerops.orchestra.executor import WORKER_ACTOR, Executor, TreeShape
@@ -195,10 +196,11 @@ async def rl_step(trainer, executor: Executor, cfg, controller, generation, task
             "update_seconds": stats["seconds"], "step_seconds": time.perf_counter() - started}
 
 
-def rl_controller(trainer, generation):
-    """The RL stage's sampler of the trainer's policy (orchestra.controller.engine; FastSampler by
-    default: a merged, KV-cached copy re-synced to the adapter before every step)."""
-    return controller_for(trainer.model, trainer.tokenizer, generation, name=CONTROLLER_NAME, version="rl")
+def rl_controller(trainer, generation, spec, model_cache):
+    """The RL stage's sampler of the trainer's policy (orchestra.controller.engine: FastSampler, a merged,
+    KV-cached copy, or LlamaCppSampler, the adapter on llama.cpp; either re-synced before every step)."""
+    return controller_for(trainer.model, trainer.tokenizer, generation, name=CONTROLLER_NAME, version="rl",
+                          gguf=base_gguf(spec), work_dir=model_cache)
 
 
 def prepare_rl_controller(controller, generation, step: int) -> None:
