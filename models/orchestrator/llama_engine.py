@@ -30,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
-FLOAT32 = "f32.gguf"
+# The base weights' type in the engine: f32 is the trainer's (the default and the stage's); f16 decodes
+# ~1.4x faster but its log-probs leave the trainer's by up to ~1e-2 (benchmarks/llama_engine_precision.py).
+WEIGHTS = {"f32": "LLAMA_FTYPE_ALL_F32", "f16": "LLAMA_FTYPE_MOSTLY_F16"}
 
 
 def quiet_llama_cpp() -> Any:
@@ -50,27 +52,30 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def float32_gguf(source: Path, cache_dir: Path, threads: int = 2) -> Path:
-    """A float32 copy of the GGUF `source`, made once per source file by llama.cpp's quantiser (ALL_F32,
-    requantising allowed: dequantising Q4_1 is exact in float32) and reused; written beside its final
-    name and renamed, so an interrupted conversion leaves nothing that looks finished."""
+def dense_gguf(source: Path, cache_dir: Path, weights: str = "f32", threads: int = 2) -> Path:
+    """A float32 (or, for benchmarks/llama_engine_precision.py only, float16) copy of the GGUF `source`,
+    made once per source file by llama.cpp's quantiser (requantising allowed: dequantising Q4_1 is exact
+    in float32) and reused; written beside its final name and renamed, so an interrupted conversion
+    leaves nothing that looks finished."""
     source = Path(source)
     if not source.is_file():
         raise FileNotFoundError(f"{source}: no such GGUF file")
-    out = Path(cache_dir) / f"{source.stem}.{file_digest(source)[:16]}.{FLOAT32}"
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights {weights!r} is not one of {sorted(WEIGHTS)}")
+    out = Path(cache_dir) / f"{source.stem}.{file_digest(source)[:16]}.{weights}.gguf"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     lib = quiet_llama_cpp()
     params = lib.llama_model_quantize_default_params()
-    params.ftype = lib.LLAMA_FTYPE_ALL_F32
+    params.ftype = getattr(lib, WEIGHTS[weights])
     params.allow_requantize = True
     params.pure = True
     params.nthread = threads
     partial = out.with_name(out.name + f".partial-{os.getpid()}")
     if lib.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params)) != 0:
         partial.unlink(missing_ok=True)
-        raise RuntimeError(f"{source}: llama.cpp could not re-write this GGUF as float32")
+        raise RuntimeError(f"{source}: llama.cpp could not re-write this GGUF as {weights}")
     os.replace(partial, out)
     return out
 
@@ -115,11 +120,12 @@ def draw(logp: np.ndarray, temperature: float, rng: np.random.Generator) -> np.n
 class LlamaEngine:
     """The llama.cpp model, context and batch of one engine process (module docstring)."""
 
-    def __init__(self, gguf: str, work_dir: str, rows: int, context: int, threads: int, eos: list[int]):
+    def __init__(self, gguf: str, work_dir: str, rows: int, context: int, threads: int, eos: list[int],
+                 weights: str = "f32"):
         import llama_cpp._internals as internals
 
         self.lib = lib = quiet_llama_cpp()
-        self.base = float32_gguf(Path(gguf), Path(work_dir), threads)
+        self.base = dense_gguf(Path(gguf), Path(work_dir), weights, threads)
         self.model = internals.LlamaModel(path_model=str(self.base), params=lib.llama_model_default_params(),
                                           verbose=False)
         params = lib.llama_context_default_params()

@@ -135,7 +135,7 @@ class LlamaCppSampler:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, settings: GenerationSettings, gguf: Path,
                  name: str = "lm", version: str = "1", work_dir: Path | None = None, context: int = 8192,
-                 threads: int | None = None):
+                 threads: int | None = None, weights: str = "f32"):
         self.policy = model
         self.tokenizer = tokenizer
         self.settings = settings
@@ -158,7 +158,8 @@ class LlamaCppSampler:
         weakref.finalize(self, stop_engine, self.process)
         self.n_ctx = self.request("open", {"gguf": str(gguf), "work_dir": str(self.work_dir),
                                            "rows": max(1, settings.batch_size), "context": context,
-                                           "threads": threads or max(1, torch.get_num_threads()), "eos": list(self.eos)})
+                                           "threads": threads or max(1, torch.get_num_threads()), "eos": list(self.eos),
+                                           "weights": weights})
         self.sync()
 
     def request(self, kind: str, *args: Any) -> Any:
