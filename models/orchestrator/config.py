@@ -64,7 +64,7 @@ class GenerationSettings:
     # Which decoder runs the turns: "fast" = models/orchestrator/sampler.FastSampler (merged adapter, KV
     # cache with shared-prefix reuse; ~its log-probs agree with the trainer's to float32 rounding);
     # "llama_cpp" = models/orchestrator/llama_sampler.LlamaCppSampler (the adapter as a GGUF LoRA on a
-    # float32 copy of the base GGUF, rows as sequences of one llama.cpp batch; ~5x FastSampler's tokens/s
+    # float32 copy of the base GGUF, rows as sequences of one llama.cpp batch; ~3x FastSampler's tokens/s
     # on a CPU, same log-probs to ~3e-5; needs a GGUF base, not a local transformers folder);
     # "transformers" = LMController (PEFT model through generate()), kept as the reference.
     engine: str = "fast"

@@ -23,7 +23,7 @@ test_sampler.py bounds the difference on the same tokens, and benchmarks/rl_step
 real model's size.
 
 Alternatives: models/orchestrator/llama_sampler.py (engine llama_cpp) runs the same float32 weights
-and adapter through llama.cpp, ~5x faster on a CPU (not Q4_1: its 8-bit activations would move the
+and adapter through llama.cpp, ~3x faster on a CPU (not Q4_1: its 8-bit activations would move the
 log-probs by far more than rounding); vLLM needs a GPU.
 """
 
