@@ -24,7 +24,9 @@ Intervals: percentile bootstrap over the logged rows (Efron & Tibshirani 1993, c
 estimate written as a ratio of two row sums so one resample-count matrix C (B × n) serves every
 policy, estimator and metric at once (value_b = (C N)_b / (C D)_b), and a paired difference of
 two policies is the difference of their columns under the same resamples.
-Effective sample size: Kish's (Σ w)² / Σ w² (Owen 2013, §9.3).
+Effective sample size: Kish's (Σ w)² / Σ w² (Owen 2013, §9.3). SNIPS intervals of accuracy are at
+least Wilson's score interval at that effective size (`OPEConfig.wilson_floor`), because the
+percentile bootstrap is too narrow when a handful of explored rows carry the weight.
 
 Support: a worker the target would call but the logging policy never could (μ = 0) leaves its
 outcome unobserved; no estimator recovers it. A deterministic champion (ε = 0) supports only its
@@ -60,6 +62,10 @@ class OPEConfig:
     min_support: float = 1.0  # share of the target's probability mass the log must support, else refuse
     cost_weight: float = 0.0  # λ of the objective score − λ·usd (quality per USD)
     seed: int = 0
+    # SNIPS intervals of accuracy (a weighted mean of grades in [0, 1]) are widened to at least the Wilson
+    # score interval at Kish's effective sample size (`wilson_interval`): the percentile bootstrap alone
+    # is too narrow when few rows carry the weight (docs/ope.md, the demo's grid).
+    wilson_floor: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "estimators", tuple(self.estimators))
@@ -177,6 +183,21 @@ def importance_weights(log: BanditLog, target: np.ndarray, clip: float | None) -
     return np.minimum(w, clip), int((w > clip).sum())
 
 
+def wilson_interval(value: float, n: float, confidence: float) -> tuple[float, float]:
+    """Wilson's score interval (Wilson 1927, eq. for p with z = Φ⁻¹(1 − α/2)) for a share `value` seen on
+    n rows, n here being Kish's effective sample size of the weights (Kish 1965, §11.7): the interval a
+    weighted mean of [0, 1] outcomes would have if its weights were n equal ones. (0, 1) when n ≤ 0."""
+    if not n > 0:
+        return 0.0, 1.0
+    from statistics import NormalDist
+
+    p = min(max(value, 0.0), 1.0)
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def effective_sample_size(w: np.ndarray) -> float:
     """Kish's (Σw)² / Σw²: n when every weight is equal, 1 when one row carries everything."""
     squares = float((w ** 2).sum())
@@ -287,11 +308,16 @@ def estimate_policies(log: BanditLog, targets: dict[str, np.ndarray], cfg: OPECo
         columns += cols
     boot = bootstrap_values(columns, len(log), cfg.n_boot, cfg.seed)
     lows, highs = _intervals(boot, cfg.confidence)
+    bounded = bool(((log.score >= 0) & (log.score <= 1)).all())
     rows = []
     for j, c in enumerate(columns):
-        low, high = float(lows[j]), float(highs[j])
+        low, high, value = float(lows[j]), float(highs[j]), float(c.num.sum() / c.den.sum())
+        method = "percentile"
+        if cfg.wilson_floor and bounded and (c.estimator, c.metric) == ("snips", "accuracy"):
+            w_low, w_high = wilson_interval(value, diagnostics[c.policy]["ess"], cfg.confidence)
+            low, high, method = min(low, w_low), max(high, w_high), "percentile ∪ wilson(ess)"
         rows.append({"policy": c.policy, "estimator": c.estimator, "metric": c.metric,
-                     "value": float(c.num.sum() / c.den.sum()), "ci_low": low, "ci_high": high,
+                     "value": value, "ci_low": low, "ci_high": high, "ci_method": method,
                      **diagnostics[c.policy], "clip": cfg.clip})
     return OPEResult(rows, columns, boot, asdict(cfg))
 

@@ -7,7 +7,7 @@ import pytest
 
 from routerops.errors import InputError
 from routerops.ope import (BanditLog, NoSupportError, OPEConfig, epsilon_greedy, estimate_policies, one_hot,
-                           support_share)
+                           support_share, wilson_interval)
 
 # Two workers; the logging policy is ε-greedy with ε = 0.5 around worker 0: μ = (0.75, 0.25) on every row.
 WORKERS = ["cheap", "strong"]
@@ -48,6 +48,30 @@ def test_ips_snips_and_dr_match_the_hand_computed_values():
     assert rows[("cheap", "snips", "accuracy")]["ess"] == pytest.approx(2.0)
     for row in result.rows:
         assert row["ci_low"] <= row["value"] <= row["ci_high"]
+
+
+def test_wilson_interval_matches_the_textbook_values():
+    # 5 of 10 at 95 %: (0.2366, 0.7634); 0 of 10: (0, 0.2775) (Newcombe 1998, Tab. I's method 3).
+    assert wilson_interval(0.5, 10, 0.95) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson_interval(0.0, 10, 0.95) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(0.7, 0.0, 0.95) == (0.0, 1.0)  # no effective sample: no information
+
+
+def test_snips_accuracy_intervals_are_at_least_wilsons_at_the_effective_sample_size():
+    floored = estimate_policies(log(), {"cheap": ALWAYS_CHEAP}, config())
+    plain = estimate_policies(log(), {"cheap": ALWAYS_CHEAP}, config(wilson_floor=False))
+
+    def row(result, estimator, metric="accuracy"):
+        return next(r for r in result.rows if (r["estimator"], r["metric"]) == (estimator, metric))
+
+    # always-cheap: SNIPS 1.0 from two rows of equal weight (ESS 2); every resample gives 1.0 too
+    assert (row(plain, "snips")["ci_low"], row(plain, "snips")["ci_high"]) == (1.0, 1.0)
+    low, high = wilson_interval(1.0, 2.0, 0.95)
+    assert row(floored, "snips")["ci_low"] == pytest.approx(low) and low < 0.5 and high == 1.0
+    assert row(floored, "snips")["ci_method"] == "percentile ∪ wilson(ess)"
+    for estimator, metric in (("ips", "accuracy"), ("snips", "usd")):  # other rows keep the percentile interval
+        assert row(floored, estimator, metric)["ci_low"] == row(plain, estimator, metric)["ci_low"]
+        assert row(floored, estimator, metric)["ci_method"] == "percentile"
 
 
 def test_clipping_caps_the_weights_and_the_output_says_so():
