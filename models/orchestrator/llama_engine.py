@@ -14,13 +14,12 @@ which starts as a copy of sequence 0 (a unified cache shares those cells, it doe
 
 Protocol (pickle frames over the process's stdin and its original stdout; fd 1 is pointed at stderr
 so nothing printed can corrupt a frame): ("open", kwargs), ("adapter", path | None),
-("generate", prompts, settings, seed) -> [(token ids, log-probs)], each answered ("ok", value) or
-("error", message)."""
+("generate", prompts, settings, seed) -> [(token ids, log-probs)], each answered ("ok", value),
+("input", message) for input the engine cannot take, or ("error", message)."""
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import pickle
 import sys
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from routerops.schema import file_sha256
 
 # The base weights' type in the engine: f32 is the trainer's (the default and the stage's); f16 decodes
 # ~1.4x faster but its log-probs leave the trainer's by up to ~1e-2 (benchmarks/llama_engine_precision.py).
@@ -44,14 +45,6 @@ def quiet_llama_cpp() -> Any:
     return lib
 
 
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def dense_gguf(source: Path, cache_dir: Path, weights: str = "f32", threads: int = 2) -> Path:
     """A float32 (or, for benchmarks/llama_engine_precision.py only, float16) copy of the GGUF `source`,
     made once per source file by llama.cpp's quantiser (requantising allowed: dequantising Q4_1 is exact
@@ -62,7 +55,7 @@ def dense_gguf(source: Path, cache_dir: Path, weights: str = "f32", threads: int
         raise FileNotFoundError(f"{source}: no such GGUF file")
     if weights not in WEIGHTS:
         raise ValueError(f"weights {weights!r} is not one of {sorted(WEIGHTS)}")
-    out = Path(cache_dir) / f"{source.stem}.{file_digest(source)[:16]}.{weights}.gguf"
+    out = Path(cache_dir) / f"{source.stem}.{file_sha256(source)[:16]}.{weights}.gguf"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -273,6 +266,8 @@ def serve() -> None:
             else:
                 raise ValueError(f"unknown request {kind!r}")
             pickle.dump(("ok", reply), frames_out)
+        except ValueError as exc:  # bad input (a prompt the cache cannot hold): the parent's InputError
+            pickle.dump(("input", str(exc)), frames_out)
         except Exception as exc:  # the parent raises it with this text; the engine stays up
             traceback.print_exc(file=sys.stderr)
             pickle.dump(("error", f"{type(exc).__name__}: {exc}"), frames_out)

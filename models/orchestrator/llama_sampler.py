@@ -46,7 +46,7 @@ import torch
 
 from models.orchestrator.config import GenerationSettings
 from models.orchestrator.lm import LMController, eos_token_ids, turn_length
-from models.orchestrator.sampler import active_adapter, base_of
+from models.orchestrator.sampler import FastSampler, active_adapter, base_of
 from routerops.errors import InputError
 from routerops.orchestra.controller import ControllerTurn, Message
 
@@ -171,9 +171,9 @@ class LlamaCppSampler:
         except (EOFError, BrokenPipeError) as exc:
             raise RuntimeError(f"the llama.cpp engine process ended (exit code {self.process.poll()}); "
                                "its error is on stderr") from exc
+        if status == "input":
+            raise InputError("<conversation>", "<prompt>", value)
         if status == "error":
-            if "exceed the sampler" in value:
-                raise InputError("<conversation>", "<prompt>", value.split(": ", 1)[1])
             raise RuntimeError(f"llama.cpp engine: {value}")
         return value
 
@@ -197,10 +197,7 @@ class LlamaCppSampler:
             finally:
                 path.unlink(missing_ok=True)
 
-    def encode(self, conversations: Sequence[list[Message]]) -> list[list[int]]:
-        prompts = [self.tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
-                   for m in conversations]
-        return [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    encode = FastSampler.encode  # the chat template's ids, as the torch sampler and the trainer see them
 
     def generate_batch(self, conversations: Sequence[list[Message]], seed: int) -> list[ControllerTurn]:
         if self.steer is not None:
