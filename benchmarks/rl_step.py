@@ -2,14 +2,16 @@
 GRPOTrainer, on the same model (SmolLM2-135M-Instruct, params.yaml's orchestra.model), the same LoRA
 (r, alpha, every projection), group size G, prompt length and completion length, in one run.
 
-Four sides, each in one run:
+Five sides, each in one run:
 - ours: what the orchestra-rl stage does per step (stages/orchestra/rl_groups.py:rl_step) minus the executor and
   workers: G completions of the prompt sampled through the stage's LlamaCppSampler (models/orchestrator/
-  llama_sampler.py: the adapter written as a GGUF LoRA and applied by llama.cpp on a float32 copy of the
-  base GGUF, the rows decoded as one batch; re-synced to the adapter before each step, as the stage does),
-  then the RolloutBatch
-  (the conversations re-tokenised, the SFT mask) and `RLTrainer.step` (the reference's no-grad pass,
-  then clipped ratio + β·KL with the old log-probs from its own forward pass, backward, AdamW).
+  llama_sampler.py: the adapter written as a GGUF LoRA and applied by llama.cpp on a dense copy of the
+  base GGUF in params.yaml's orchestra.rl.rollout_weights, the rows decoded as one batch; re-synced to
+  the adapter before each step, as the stage does), then the RolloutBatch
+  (the conversations re-tokenised, the SFT mask, the sampler's log-probs kept for the truncated
+  importance weights) and `RLTrainer.step` (the reference's no-grad pass, then clipped ratio + β·KL
+  with the old log-probs from its own forward pass, the rows' shared prompt run once, backward, AdamW).
+- ours_f32: the same with the engine's float32 weights (the trainer's own).
 - fast: the same step with FastSampler (models/orchestrator/sampler.py: a merged copy of the policy in
   torch, KV cache, the shared prompt prefilled once), engine "fast".
 - before: the same step with the stage's sampler before issue 23, the policy's PEFT model through
@@ -63,7 +65,8 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
 log = logging.getLogger("rl_step")
 
-SIDES = ("ours", "trl", "before", "fast")
+SIDES = ("ours", "trl", "before", "fast", "ours_f32")
+LLAMA_SIDES = ("ours", "ours_f32")
 SYSTEM = ("You are the controller. Route each subtask to one (model, skill) pair: smol-direct/answer or "
           "python/python. Write <plan>, <route>, <verify> and one <final_answer>.")
 FILLER = ("A warehouse ships crates north and south; each truck carries a fixed load, and the ledger lists "
@@ -154,7 +157,8 @@ def settings_of(args) -> dict:
             "lora_target_modules": list(rl.lora_target_modules), "learning_rate": rl.learning_rate,
             "clip_epsilon": rl.clip_epsilon, "kl_beta": rl.kl_beta, "temperature": 1.0, "top_p": 1.0,
             "max_grad_norm": rl.max_grad_norm, "weight_decay": rl.weight_decay, "dtype": rl.dtype,
-            "device": "cpu", "seed": args.seed, "trl_gradient_checkpointing": args.trl_gradient_checkpointing}
+            "device": "cpu", "seed": args.seed, "trl_gradient_checkpointing": args.trl_gradient_checkpointing,
+            "rollout_weights": rl.rollout_weights, "tis_cap": rl.tis_cap}
 
 
 def measure_ours(args, folder: Path, shared: dict) -> dict:
@@ -184,16 +188,17 @@ def measure_ours(args, folder: Path, shared: dict) -> dict:
                           weight_decay=shared["weight_decay"], max_grad_norm=shared["max_grad_norm"],
                           lora_r=shared["lora_r"], lora_alpha=shared["lora_alpha"],
                           lora_target_modules=tuple(shared["lora_target_modules"]), seed=args.seed,
-                          dtype=shared["dtype"], max_steps=args.warmup + args.steps)
+                          dtype=shared["dtype"], max_steps=args.warmup + args.steps, tis_cap=shared["tis_cap"])
     trainer = RLTrainer.create(settings, folder)
     after_load = rss_mib()
     prompt, prompt_tokens = fit_prompt(lambda m: len(trainer.tokenizer.apply_chat_template(
         m, tokenize=True, add_generation_prompt=True, return_dict=False)), args.prompt_tokens)
     generation = GenerationSettings(temperature=1.0, top_p=1.0, max_new_tokens=args.completion_tokens,
                                     batch_size=args.group_size, seed=args.seed)
-    if args.side == "ours":
+    if args.side in LLAMA_SIDES:
+        weights = shared["rollout_weights"] if args.side == "ours" else "f32"
         controller = LlamaCppSampler(trainer.model, trainer.tokenizer, generation, Path(shared["gguf"]),
-                                     name="policy", work_dir=folder.parent)
+                                     name="policy", work_dir=folder.parent, weights=weights)
         controller.min_new_tokens = args.completion_tokens  # as min_new_tokens on the other sides
     elif args.side == "fast":
         controller = FastSampler(trainer.model, trainer.tokenizer, generation, name="policy")
@@ -201,11 +206,11 @@ def measure_ours(args, folder: Path, shared: dict) -> dict:
     else:
         controller = FixedLengthController(trainer.model, trainer.tokenizer, generation, name="policy")
     steps = {"step": [], "generate": [], "update": [], "batch": [], "optimise": []}
-    tokens, agreement = [], []
+    tokens, agreement, drift = [], [], []
     with PeakRSS() as peak:
         for n in range(args.warmup + args.steps):
             started = time.perf_counter()
-            if args.side in ("ours", "fast"):
+            if args.side != "before":
                 controller.sync()  # the stage re-syncs the adapter before every step's rollouts
             turns = controller.respond([prompt] * args.group_size)
             generated = time.perf_counter()
@@ -213,10 +218,11 @@ def measure_ours(args, folder: Path, shared: dict) -> dict:
             advantages = group_normalised([completion_reward(t.text) for t in turns], 1e-6)
             batch = RolloutBatch.from_conversations(trainer.tokenizer, conversations, [[a] for a in advantages],
                                                     turns=[[t] for t in turns], max_length=settings.max_seq_len)
-            if args.side in ("ours", "fast") and n == 0:
+            if args.side != "before" and n == 0:
                 agreement.append(logprob_agreement(controller, trainer, prompt, args.group_size))
-            # As the stage does: old log-probs recomputed, not the sampler's (exact ρ = 1 at the update).
-            batch = dataclasses.replace(batch, old_known=torch.zeros_like(batch.old_known))
+            # As the stage does: old log-probs recomputed (exact ρ = 1 at the update), the sampler's kept
+            # for the truncated importance weights.
+            batch = batch.with_sampler_logprobs()
             built = time.perf_counter()
             stats = trainer.step(batch)  # as the stage: old log-probs from the update's own forward pass
             done = time.perf_counter()
@@ -225,6 +231,7 @@ def measure_ours(args, folder: Path, shared: dict) -> dict:
             log.info("ours step %d: %.2f s (generate %.2f, batch %.2f, step %.2f), loss %.4f", n + 1,
                      done - started, generated - started, built - generated, done - built, stats["loss"])
             if n >= args.warmup:
+                drift.append({k: stats[k] for k in ("sampler_drift", "sampler_drift_max", "tis_weight") if k in stats})
                 for key, seconds in (("step", done - started), ("generate", generated - started),
                                      ("update", done - generated), ("batch", built - generated),
                                      ("optimise", done - built)):
@@ -232,7 +239,7 @@ def measure_ours(args, folder: Path, shared: dict) -> dict:
                 tokens.append({"sequence": int(batch.attention_mask.sum(dim=1).max()),
                                "trained": batch.controller_tokens})
     return {"steps": steps, "prompt_tokens": prompt_tokens, "tokens": tokens, "rss_after_load_mib": after_load,
-            "peak_rss_mib": round(peak.peak / 2**20, 1), "logprob_max_abs_diff": agreement}
+            "peak_rss_mib": round(peak.peak / 2**20, 1), "logprob_max_abs_diff": agreement, "sampler_drift": drift}
 
 
 def logprob_agreement(sampler, trainer, prompt: list[dict], group_size: int) -> float:
@@ -401,15 +408,21 @@ def main(argv: list[str] | None = None) -> int:
             log.info("round %d: %s", i // 2 + 1, side)
             runs[side].append(spawn_side(side, args, folder, shared, Path(tmp) / f"{side}-{i}.json"))
     ours, trl, before = side_summary(runs["ours"]), side_summary(runs["trl"]), side_summary(runs["before"])
-    fast = side_summary(runs["fast"])
+    fast, ours_f32 = side_summary(runs["fast"]), side_summary(runs["ours_f32"])
     speed = {side: tokens_per_second(summary_, args.group_size, args.completion_tokens)
-             for side, summary_ in (("ours", ours), ("fast", fast), ("before", before), ("trl", trl))}
+             for side, summary_ in (("ours", ours), ("ours_f32", ours_f32), ("fast", fast), ("before", before),
+                                    ("trl", trl))}
     record = {
         "benchmark": "rl_step",
         "command": "python benchmarks/rl_step.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "model": model.name, "settings": shared, "order": run_order(args.rounds),
-        "ours": {"trainer": "models/orchestrator/rl.py RLTrainer.step with LlamaCppSampler generation",
-                 "logprob_max_abs_diff": max(d for r in runs["ours"] for d in r["logprob_max_abs_diff"]), **ours},
+        "ours": {"trainer": f"models/orchestrator/rl.py RLTrainer.step with LlamaCppSampler generation "
+                            f"({shared['rollout_weights']} weights)",
+                 "logprob_max_abs_diff": max(d for r in runs["ours"] for d in r["logprob_max_abs_diff"]),
+                 "sampler_drift": [d for r in runs["ours"] for d in r["sampler_drift"]], **ours},
+        "ours_f32": {"trainer": "models/orchestrator/rl.py RLTrainer.step with LlamaCppSampler generation (f32 weights)",
+                     "logprob_max_abs_diff": max(d for r in runs["ours_f32"] for d in r["logprob_max_abs_diff"]),
+                     "sampler_drift": [d for r in runs["ours_f32"] for d in r["sampler_drift"]], **ours_f32},
         "fast": {"trainer": "models/orchestrator/rl.py RLTrainer.step with FastSampler generation",
                  "logprob_max_abs_diff": max(d for r in runs["fast"] for d in r["logprob_max_abs_diff"]), **fast},
         "before": {"trainer": "models/orchestrator/rl.py RLTrainer.step with LMController (transformers generate)",
@@ -417,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         "controller_tokens_per_second": speed,
         "ratio_tokens_per_second_ours_over_before": round(speed["ours"] / speed["before"], 2),
         "ratio_tokens_per_second_ours_over_fast": round(speed["ours"] / speed["fast"], 2),
+        "ratio_tokens_per_second_ours_f32_over_before": round(speed["ours_f32"] / speed["before"], 2),
         "ratio_tokens_per_second_ours_over_trl": round(speed["ours"] / speed["trl"], 2),
         "ratio_ours_over_before": ratios(ours, before),
         "trl": {"trainer": f"trl {metadata.version('trl')} GRPOTrainer (one optimiser step, model.generate)", **trl},
@@ -429,12 +443,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     r = record["ratio_ours_over_trl"]
-    log.info("seconds per step: ours %.2f, fast %.2f, before %.2f, TRL %.2f (ratio to TRL %.2f; update only %.2f); "
-             "controller tokens/s ours %.1f, fast %.1f, before %.1f, TRL %.1f; peak RSS ours %.0f MiB, TRL %.0f MiB "
-             "(ratio %.2f); wrote %s", ours["seconds_per_step"]["median"], fast["seconds_per_step"]["median"],
+    log.info("seconds per step: ours %.2f, ours_f32 %.2f, fast %.2f, before %.2f, TRL %.2f (ratio to TRL %.2f; "
+             "update only %.2f); controller tokens/s ours %.1f, ours_f32 %.1f, fast %.1f, before %.1f, TRL %.1f; "
+             "peak RSS ours %.0f MiB, TRL %.0f MiB (ratio %.2f); wrote %s", ours["seconds_per_step"]["median"],
+             ours_f32["seconds_per_step"]["median"], fast["seconds_per_step"]["median"],
              before["seconds_per_step"]["median"], trl["seconds_per_step"]["median"], r["seconds_per_step"],
-             r["update_seconds"], speed["ours"], speed["fast"], speed["before"], speed["trl"], ours["peak_rss_mib"],
-             trl["peak_rss_mib"], r["peak_rss"], args.out)
+             r["update_seconds"], speed["ours"], speed["ours_f32"], speed["fast"], speed["before"], speed["trl"],
+             ours["peak_rss_mib"], trl["peak_rss_mib"], r["peak_rss"], args.out)
     return 0
 
 

@@ -31,8 +31,11 @@ import numpy as np
 
 from routerops.schema import file_sha256
 
-# The base weights' type in the engine: f32 is the trainer's (the default and the stage's); f16 decodes
-# ~1.4x faster but its log-probs leave the trainer's by up to ~1e-2 (benchmarks/llama_engine_precision.py).
+# The base weights' type in the engine: f32 is the trainer's (the default, and evaluation's); f16 decodes
+# ~1.4x faster (a decode step at G = 4 is bound by reading the weights), and llama.cpp's f16 matmul
+# rounds the activations to f16 too, so its log-probs leave the trainer's by ~1.5e-3 nats a token on
+# average, ~1e-2 at most (benchmarks/llama_engine_precision.py): RL rollouts take it with the truncated
+# importance weights of models/orchestrator/rl.py (RLSettings.rollout_weights, tis_cap).
 WEIGHTS = {"f32": "LLAMA_FTYPE_ALL_F32", "f16": "LLAMA_FTYPE_MOSTLY_F16"}
 
 
@@ -46,7 +49,7 @@ def quiet_llama_cpp() -> Any:
 
 
 def dense_gguf(source: Path, cache_dir: Path, weights: str = "f32", threads: int = 2) -> Path:
-    """A float32 (or, for benchmarks/llama_engine_precision.py only, float16) copy of the GGUF `source`,
+    """A float32 (or float16: WEIGHTS says when) copy of the GGUF `source`,
     made once per source file by llama.cpp's quantiser (requantising allowed: dequantising Q4_1 is exact
     in float32) and reused; written beside its final name and renamed, so an interrupted conversion
     leaves nothing that looks finished."""

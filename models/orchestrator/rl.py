@@ -76,6 +76,7 @@ STATE_FILE = "rl_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 ADAPTER_DIR = "adapter"
 RL_POOLS = ("signal", "curriculum")
+ROLLOUT_WEIGHTS = ("f32", "f16")  # the llama.cpp engine's base weights (models/orchestrator/llama_engine.py WEIGHTS)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -139,6 +140,18 @@ class RLSettings:
     # on a CPU the update costs a fraction of the full backward pass (benchmarks/rl_step.py measures it).
     # Ours, not the paper's: a CPU setting, said in the README where it is used.
     trainable_layers: int = 0
+    # Truncated importance sampling of the sampler's drift (Yao et al. 2025, "Your efficient RL framework
+    # secretly brings you off-policy RL training"; TRL's vllm_importance_sampling_correction): the ratio
+    # of eq. 7 compares the trainer's own π_θ and π_old, but the tokens were drawn by the rollout engine,
+    # whose arithmetic differs (llama.cpp with float16 weights: ~1e-3 nats a token on average,
+    # benchmarks/llama_engine_precision.py). Each token's surrogate term is weighted by
+    # min(π_old(x) / π_sampler(x), tis_cap), with the sampler's own log-prob where the turn gives one for
+    # the trained token; 0 turns the weight off. Ours (004 samples with the policy it trains).
+    tis_cap: float = 2.0
+    # The rollout engine's base weights when orchestra.controller.engine is llama_cpp: "f32" (the
+    # trainer's own, ~3e-5 nats from its log-probs) or "f16" (~1.4x the tokens/s on a CPU, ~1.5e-3 nats
+    # a token on average; the drift tis_cap corrects). Evaluation always samples f32. Ours.
+    rollout_weights: str = "f32"
     device: str = "cpu"  # cpu | cuda | auto; "cuda" on a machine without one is refused
     dtype: str = "float32"  # the base weights' dtype once loaded (orchestra.model.dtype)
 
@@ -158,6 +171,10 @@ class RLSettings:
             raise InputError(source, f"{where}.pool_size", f"{self.pool_size} must be ≥ 0 (0 = the whole probed pool)")
         if self.probe_samples < 2:
             raise InputError(source, f"{where}.probe_samples", "a success rate strictly between 0 and 1 needs ≥ 2 samples")
+        if not (self.tis_cap == 0 or 1 <= self.tis_cap < math.inf):
+            raise InputError(source, f"{where}.tis_cap", f"{self.tis_cap} must be 0 (off) or a finite cap ≥ 1")
+        if self.rollout_weights not in ROLLOUT_WEIGHTS:
+            raise InputError(source, f"{where}.rollout_weights", f"{self.rollout_weights!r} is not one of {ROLLOUT_WEIGHTS}")
         if self.trainable_layers < 0:
             raise InputError(source, f"{where}.trainable_layers", f"{self.trainable_layers} must be ≥ 0 (0 = all layers)")
         if not self.lora_target_modules:
@@ -254,8 +271,7 @@ def masked_token_logits(model: torch.nn.Module, batch: "RolloutBatch", rows: tor
                   and not getattr(getattr(causal, "config", None), "final_logit_softcapping", None))
     if plain_head:
         # PEFT injects LoRA into the decoder's own modules, so the active adapter acts here as in model().
-        hidden = causal.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                      use_cache=False).last_hidden_state
+        hidden = decoder_hidden_states(causal.get_decoder(), batch)
         return causal.get_output_embeddings()(hidden[rows, cols - 1])
     first, length = int(cols.min()), batch.input_ids.shape[1]
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
@@ -263,9 +279,43 @@ def masked_token_logits(model: torch.nn.Module, batch: "RolloutBatch", rows: tor
     return logits[rows, cols - first]
 
 
+# A prefix shorter than this is run with the rest: the saving would not pay for the second call.
+MIN_SHARED_PREFIX = 16
+
+
+def shared_prefix_length(batch: "RolloutBatch") -> int:
+    """How many leading tokens every row of the batch has in common (ids equal, none of them padding)."""
+    same = (batch.input_ids == batch.input_ids[:1]).all(dim=0) & (batch.attention_mask == 1).all(dim=0)
+    return int(torch.cumprod(same.to(torch.int64), dim=0).sum())
+
+
+def decoder_hidden_states(decoder: torch.nn.Module, batch: "RolloutBatch") -> torch.Tensor:
+    """The decoder's last hidden states, [B, L, H], with the rows' common prefix run once.
+
+    The G conversations of a group open with the same system prompt and task, several hundred tokens
+    before the controller's first one (the compact prompt alone is 348), and often with the same first
+    turn. That common prefix runs as a batch of one; its keys and values are repeated for every row and
+    the rest runs on top of them, and autograd sums the rows' gradients back into the one prefix. It is
+    the arithmetic of running every row whole (tests/models/orchestrator/test_rl.py holds log-probs and
+    gradients equal) in about (P + G·S) / (G·(P + S)) of the transformer's work, for a prefix of P
+    tokens and suffixes of S."""
+    rows, length = batch.input_ids.shape
+    start = min(shared_prefix_length(batch), length - 1) if rows > 1 else 0
+    if start < MIN_SHARED_PREFIX:
+        return decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       use_cache=False).last_hidden_state
+    prefix = decoder(input_ids=batch.input_ids[:1, :start], attention_mask=batch.attention_mask[:1, :start],
+                     use_cache=True)
+    cache = prefix.cache
+    cache.batch_repeat_interleave(rows)  # differentiable: each row's gradient flows back into the prefix
+    rest = decoder(input_ids=batch.input_ids[:, start:], attention_mask=batch.attention_mask, cache=cache,
+                   use_cache=True)
+    return torch.cat([prefix.last_hidden_state.expand(rows, -1, -1), rest.last_hidden_state], dim=1)
+
+
 def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
                 advantages: torch.Tensor, mask: torch.Tensor, clip_epsilon: float = 0.2,
-                kl_beta: float = 1e-3) -> tuple[torch.Tensor, dict[str, float]]:
+                kl_beta: float = 1e-3, token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate plus β·KL (module docstring; 004 §4.2 eq. 7, App. B eqs. B.3/B.4), over the
     tokens where `mask` is 1. All tensors share one shape ([B, L] or [N]); only new_logprobs carries
     gradient. Returns (loss, diagnostics): loss_policy and loss_kl (the two terms, β applied), kl (mean
@@ -284,8 +334,13 @@ def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logp
     frozen reference (§4.2; App. A.2 "against an SFT-frozen router reference"), so ρ there is
     π_ref/π_θ: Schulman's k3 estimator of KL(π_θ‖π_ref), as in GRPO (Shao et al. 2024) and TRL. It is
     ≥ 0 token by token, and unbiased for samples from π_θ (ours are from π_old; at ε-close policies
-    the difference is second order, and TRL leaves it uncorrected by default too)."""
+    the difference is second order, and TRL leaves it uncorrected by default too).
+
+    token_weights (no gradient): each token's surrogate term times its weight, the truncated importance
+    weight of RLSettings.tis_cap; None: 1."""
     shapes = {t.shape for t in (new_logprobs, old_logprobs, ref_logprobs, advantages, mask)}
+    if token_weights is not None:
+        shapes.add(token_weights.shape)
     if len(shapes) != 1:
         raise ValueError(f"policy_loss needs tensors of one shape, got {sorted(map(tuple, shapes))}")
     keep = mask.bool()
@@ -298,6 +353,8 @@ def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logp
     ratio = torch.exp(log_ratio)
     adv = torch.where(keep, advantages.to(new_logprobs.dtype), zero)
     surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_epsilon, 1 + clip_epsilon) * adv)
+    if token_weights is not None:
+        surrogate = surrogate * token_weights.detach().to(surrogate.dtype)
     log_ref_ratio = torch.where(keep, ref_logprobs - new_logprobs, zero)
     k3 = torch.exp(log_ref_ratio) - log_ref_ratio - 1  # ≥ 0 everywhere, 0 where π_θ = π_ref
 
@@ -360,6 +417,16 @@ class RolloutBatch:
     old_known: torch.Tensor  # [B, L] bool: old log-probs given (or already computed) at these positions
     ref_logprobs: torch.Tensor | None = None  # [B, L] float32, filled by RLTrainer.prepare
     truncated: int = 0  # conversations cut at max_length
+    # The rollout engine's own log-probs of the trained tokens, where known (RLSettings.tis_cap); the
+    # RL stage moves the turns' given log-probs here and has the trainer recompute the old ones.
+    sampler_logprobs: torch.Tensor | None = None  # [B, L] float32
+    sampler_known: torch.Tensor | None = None  # [B, L] bool
+
+    def with_sampler_logprobs(self) -> "RolloutBatch":
+        """The batch with its given old log-probs taken as the sampler's (truncated importance weights)
+        and none as old: the trainer recomputes π_old, so ρ = 1 exactly at a synchronous update."""
+        return dataclasses.replace(self, sampler_logprobs=self.old_logprobs, sampler_known=self.old_known,
+                                   old_known=torch.zeros_like(self.old_known))
 
     @property
     def prepared(self) -> bool:
@@ -677,8 +744,10 @@ class RLTrainer:
                 batch = dataclasses.replace(batch, ref_logprobs=self.logprobs(batch, reference=True))
             new = sequence_logprobs(self.model, batch, self.settings.temperature)
             old = torch.where(batch.old_known, batch.old_logprobs, new.detach())
+            weights, drift = self.sampler_correction(batch, old)
             loss, stats = policy_loss(new, old, batch.ref_logprobs, batch.advantages, batch.mask,
-                                      self.settings.clip_epsilon, self.settings.kl_beta)
+                                      self.settings.clip_epsilon, self.settings.kl_beta, weights)
+            stats.update(drift)
             if not torch.isfinite(loss):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise RouteropsError(f"RL step {self.step_count + 1}: the loss is {float(loss)}; no update made")
@@ -695,6 +764,26 @@ class RLTrainer:
         return {"loss": mean([p[0] for p in parts]), **stats, "grad_norm": float(grad_norm),
                 "logprob": mean([p[2] for p in parts]), "step": float(self.step_count),
                 "seconds": time.perf_counter() - started}
+
+    def sampler_correction(self, batch: RolloutBatch, old: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """The truncated importance weights min(π_old / π_sampler, tis_cap) on the tokens whose sampler
+        log-prob is known (1 elsewhere; None when off or unknown everywhere), and the drift between the
+        two: sampler_drift (mean |log π_old − log π_sampler|), sampler_drift_max, sampler_tokens and
+        tis_weight (the weights' mean) over those tokens."""
+        if batch.sampler_known is None or batch.sampler_logprobs is None:
+            return None, {}
+        known = batch.sampler_known & batch.mask.bool()
+        if not bool(known.any()):
+            return None, {}
+        with torch.no_grad():
+            log_w = torch.where(known, old - batch.sampler_logprobs, torch.zeros_like(old))
+            gap = log_w[known].abs()
+            drift = {"sampler_drift": float(gap.mean()), "sampler_drift_max": float(gap.max()),
+                     "sampler_tokens": float(known.sum())}
+            if self.settings.tis_cap == 0:
+                return None, drift
+            weights = torch.clamp(torch.exp(log_w), max=self.settings.tis_cap)
+            return weights, {**drift, "tis_weight": float(weights[known].mean())}
 
     @property
     def finished(self) -> bool:

@@ -262,16 +262,19 @@ class FastSampler:
 
 
 def controller_for(model: torch.nn.Module, tokenizer: Any, settings: GenerationSettings, name: str = "lm",
-                   version: str = "1", gguf: Path | None = None, work_dir: Path | None = None) -> Any:
+                   version: str = "1", gguf: Path | None = None, work_dir: Path | None = None,
+                   weights: str = "f32") -> Any:
     """The controller over `model` that settings.engine names. llama_cpp needs `gguf`, the file the
-    model's base weights were dequantised from, and keeps its float32 copy in `work_dir`."""
+    model's base weights were dequantised from, and keeps its dense copy (`weights`: f32, or f16 for
+    RL rollouts, RLSettings.rollout_weights) in `work_dir`."""
     if settings.engine == "llama_cpp":
         from models.orchestrator.llama_sampler import LlamaCppSampler
 
         if gguf is None:
             raise InputError("orchestra.controller", "engine", "llama_cpp samples from the base model's GGUF, and "
                              "this model has none (a local transformers folder): use engine fast")
-        return LlamaCppSampler(model, tokenizer, settings, gguf, name=name, version=version, work_dir=work_dir)
+        return LlamaCppSampler(model, tokenizer, settings, gguf, name=name, version=version, work_dir=work_dir,
+                               weights=weights)
     cls = FastSampler if settings.engine == "fast" else LMController
     return cls(model, tokenizer, settings, name=name, version=version)
 

@@ -152,8 +152,6 @@ async def rl_step(trainer, executor: Executor, cfg, controller, generation, task
     `controller` samples the trainer's policy (`rl_controller`): synced to the weights before the step."""
     import time
 
-    import torch
-
     from models.orchestrator.advantages import turn_advantages
     from models.orchestrator.rl import RolloutBatch
 
@@ -179,8 +177,8 @@ async def rl_step(trainer, executor: Executor, cfg, controller, generation, task
                                             max_length=cfg.settings.max_seq_len)
     # The turns let the batch drop a template end token the policy never chose (a turn cut at
     # max_new_tokens); old log-probs are still recomputed by the trainer (RolloutBatch: exact ρ = 1
-    # at the update of a synchronous loop).
-    batch = dataclasses.replace(batch, old_known=torch.zeros_like(batch.old_known))
+    # at the update of a synchronous loop), and the sampler's weigh its drift (RLSettings.tis_cap).
+    batch = batch.with_sampler_logprobs()
     stats = trainer.step(batch)  # one update per group: old log-probs from its own forward pass
     with open(rollouts, "a") as fh:  # what the step trained on, for inspection (not a resume journal)
         for r in results:
@@ -200,7 +198,7 @@ def rl_controller(trainer, generation, spec, model_cache):
     """The RL stage's sampler of the trainer's policy (orchestra.controller.engine: FastSampler, a merged,
     KV-cached copy, or LlamaCppSampler, the adapter on llama.cpp; either re-synced before every step)."""
     return controller_for(trainer.model, trainer.tokenizer, generation, name=CONTROLLER_NAME, version="rl",
-                          gguf=base_gguf(spec), work_dir=model_cache)
+                          gguf=base_gguf(spec), work_dir=model_cache, weights=trainer.settings.rollout_weights)
 
 
 def prepare_rl_controller(controller, generation, step: int) -> None:

@@ -21,8 +21,9 @@ def test_the_reward_differs_between_completions(bench):
 
 
 def test_each_side_goes_first_as_often_as_the_other(bench):
-    assert bench.run_order(1) == ["ours", "trl", "before", "fast"]
-    assert bench.run_order(2) == ["ours", "trl", "before", "fast", "fast", "before", "trl", "ours"]
+    assert bench.run_order(1) == ["ours", "trl", "before", "fast", "ours_f32"]
+    assert bench.run_order(2) == ["ours", "trl", "before", "fast", "ours_f32",
+                                  "ours_f32", "fast", "before", "trl", "ours"]
     assert bench.run_order(3, ("ours", "trl")) == ["ours", "trl", "trl", "ours", "ours", "trl"]
 
 

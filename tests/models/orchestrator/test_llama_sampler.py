@@ -5,7 +5,8 @@ runs the same float32 weights (the GGUF the trainer's folder came from, re-writt
 same LoRA pairs, with float32 keys and values and no flash attention; what is left is float32 rounding
 in another summation order: ~3e-5 observed on SmolLM2-135M (with llama.cpp's flash kernel or float16
 cache it was ~1e-2, which this bound catches). 1e-3 keeps every first-update ratio π_θ/π_old within
-e^±0.001, 200 times inside PPO's clip ε = 0.2 (004 eq. 7)."""
+e^±0.001, 200 times inside PPO's clip ε = 0.2 (004 eq. 7). The float16 rollout weights have a bound of
+their own (test_float16_rollouts_stay_within_the_stated_drift_of_the_trainer)."""
 
 from __future__ import annotations
 
@@ -73,9 +74,10 @@ def trainer(smollm2_folder) -> RLTrainer:
     return trainer
 
 
-def sampler_of(trainer, spec, smollm2_folder, **settings) -> LlamaCppSampler:
+def sampler_of(trainer, spec, smollm2_folder, weights="f32", **settings) -> LlamaCppSampler:
     generation = GenerationSettings(**{"temperature": 1.0, "max_new_tokens": 48, **settings})
-    return LlamaCppSampler(trainer.model, trainer.tokenizer, generation, base_gguf(spec), work_dir=smollm2_folder.parent)
+    return LlamaCppSampler(trainer.model, trainer.tokenizer, generation, base_gguf(spec), work_dir=smollm2_folder.parent,
+                           weights=weights)
 
 
 @pytest.mark.slow
@@ -97,6 +99,24 @@ def test_sampled_log_probs_agree_with_the_trainers_and_follow_each_update(traine
     mine, theirs, known = trainer_logprobs(trainer, conversations, stale)
     assert float((mine - theirs).abs()[known].max()) > 100 * TOLERANCE
     randomise_adapter(trainer, 0)
+
+
+@pytest.mark.slow
+def test_float16_rollouts_stay_within_the_stated_drift_of_the_trainer(trainer, spec, smollm2_folder):
+    """RLSettings.rollout_weights = f16: llama.cpp multiplies float16 weights with float16-rounded
+    activations. Bounds: 5e-3 nats a token on average, 5e-2 at most (~1.5e-3 and ~1.2e-2 measured,
+    benchmarks/llama_engine_precision.py). At 5e-2 a first-update truncated importance weight
+    π_old/π_sampler stays within e^±0.05, far from its cap of 2, and the ratio of eq. 7 is the trainer's
+    own (π_old recomputed). Above f32's ~3e-5: the float16 copy is the one in use."""
+    sampler = sampler_of(trainer, spec, smollm2_folder, weights="f16")
+    conversations = prompts() + prompts()[:1] * 2
+    turns = sampler.respond(conversations)
+    mine, theirs, known = trainer_logprobs(trainer, conversations, turns)
+    gap = (mine - theirs).abs()[known]
+    assert int(known.sum()) >= 50  # tokens whose re-tokenised ids are the drawn ones: enough to measure
+    assert float(gap.mean()) < 5e-3 and float(gap.max()) < 5e-2
+    assert float(gap.max()) > 1e-4
+    sampler.close()
 
 
 @pytest.mark.slow

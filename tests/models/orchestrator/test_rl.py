@@ -168,6 +168,93 @@ def test_sequence_logprobs_of_a_real_causal_lm_equal_its_full_forward_pass_and_g
         assert torch.allclose(fast, slow, atol=1e-5, rtol=1e-4)
 
 
+def tiny_lora_llama(seed: int = 0):
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return get_peft_model(LlamaForCausalLM(config), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                               init_lora_weights=False))
+
+
+def logprobs_and_grads(model, batch, shared: bool, monkeypatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    import models.orchestrator.rl as rl
+
+    monkeypatch.setattr(rl, "MIN_SHARED_PREFIX", 1 if shared else 10**9)
+    model.zero_grad()
+    got = sequence_logprobs(model, batch, 0.7)
+    (got * torch.linspace(-1, 1, got.numel()).reshape(got.shape)).sum().backward()  # rows weighted unlike
+    return got.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+
+def test_a_groups_common_prefix_run_once_gives_the_log_probs_and_gradient_of_every_row_run_whole(monkeypatch):
+    """decoder_hidden_states: a prefix common to every row (system prompt, task, and here a first turn
+    with a masked token inside it), run as a batch of one and its keys/values repeated, then rows of
+    different lengths (one right-padded) on top: the same log-probs and LoRA gradient as the plain pass."""
+    from models.orchestrator.rl import shared_prefix_length
+
+    model = tiny_lora_llama()
+    generator = torch.Generator().manual_seed(2)
+    prefix = torch.randint(1, 97, (1, 20), generator=generator).repeat(3, 1)
+    ids = torch.cat([prefix, torch.randint(1, 97, (3, 14), generator=generator)], dim=1)
+    attention = torch.ones_like(ids)
+    attention[2, 28:] = 0
+    mask = torch.zeros_like(ids)
+    mask[:, 15:18] = 1  # controller tokens inside the shared prefix: read from its one row
+    mask[0, 22:30] = 1
+    mask[1, 20:34] = 1
+    mask[2, 24:28] = 1
+    batch = type("Batch", (), {"input_ids": ids, "attention_mask": attention, "mask": mask})()
+    assert shared_prefix_length(batch) == 20
+    whole, whole_grads = logprobs_and_grads(model, batch, shared=False, monkeypatch=monkeypatch)
+    once, once_grads = logprobs_and_grads(model, batch, shared=True, monkeypatch=monkeypatch)
+    assert torch.allclose(once, whole, atol=1e-5)
+    for a, b in zip(once_grads, whole_grads):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+    padded_first = type("Batch", (), {"input_ids": ids, "attention_mask": attention.flip(1), "mask": mask})()
+    assert shared_prefix_length(padded_first) == 0  # padding is never a shared prefix
+
+
+# ---- truncated importance weights of the sampler's drift -------------------------------------------
+
+def test_token_weights_scale_each_tokens_surrogate_and_leave_the_kl_alone():
+    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    new = torch.tensor([L(0.5), L(0.2)], dtype=torch.float64, requires_grad=True)
+    old, ref, adv, mask = t([L(0.5), L(0.25)]), t([L(0.4), L(0.2)]), t([1.0, -2.0]), t([1.0, 1.0])
+    weights = t([0.5, 2.0])
+    loss, stats = policy_loss(new, old, ref, adv, mask, EPS, BETA, weights)
+    # ρ = (1, 0.8): token 0 unclipped, 0.5·1·1; token 1 with Â < 0 takes min(0.8·−2, 0.8·−2) = −1.6, ×2
+    k3 = sum(math.exp(r - n) - (r - n) - 1 for r, n in ((L(0.4), L(0.5)), (L(0.2), L(0.2))))
+    assert loss.item() == pytest.approx(-(0.5 * 1.0 + 2.0 * -1.6) / 2 + BETA * k3 / 2)
+    assert stats["loss_policy"] == pytest.approx(-(0.5 - 3.2) / 2)
+    with pytest.raises(ValueError, match="one shape"):
+        policy_loss(new, old, ref, adv, mask, EPS, BETA, t([1.0]))
+
+
+def correction_of(tis_cap: float, sampler, known, old):
+    trainer = object.__new__(RLTrainer)  # sampler_correction reads the settings alone
+    trainer.settings = RLSettings(tis_cap=tis_cap)
+    batch = type("Batch", (), {"sampler_logprobs": torch.tensor([sampler]), "sampler_known": torch.tensor([known]),
+                               "mask": torch.tensor([[1, 1, 1, 0]])})()
+    return trainer.sampler_correction(batch, torch.tensor([old]))
+
+
+def test_the_sampler_correction_is_min_of_the_ratio_and_the_cap_where_the_sampler_is_known():
+    old = [L(0.5), L(0.1), L(0.3), L(0.9)]
+    sampler = [L(0.4), L(0.01), L(0.3), L(0.1)]  # token 1: the sampler gave 10× less; token 3 is not trained
+    weights, stats = correction_of(2.0, sampler, [True, True, False, True], old)
+    assert weights[0].tolist() == pytest.approx([0.5 / 0.4, 2.0, 1.0, 1.0])  # capped; unknown → 1
+    assert stats["tis_weight"] == pytest.approx((1.25 + 2.0) / 2)
+    assert stats["sampler_tokens"] == 2
+    assert stats["sampler_drift_max"] == pytest.approx(L(10))
+    assert stats["sampler_drift"] == pytest.approx((L(0.5 / 0.4) + L(10)) / 2)
+    off, drift = correction_of(0.0, sampler, [True, True, False, True], old)
+    assert off is None and drift["sampler_drift_max"] == pytest.approx(L(10)) and "tis_weight" not in drift
+    assert correction_of(2.0, sampler, [False, False, False, True], old) == (None, {})
+
+
 # ---- the batch on real tokens --------------------------------------------------------------------
 
 def assistant_texts(messages):
@@ -273,6 +360,9 @@ def test_the_section_splits_between_the_update_and_the_estimator(tmp_path):
     ({"group_size": 1}, "group_size", "≥ 2"),  # AdvantageConfig's key, same section
     ({"estimator": "ppo"}, "estimator", "not one of"),
     ({"pool_size": -1}, "pool_size", "≥ 0"),
+    ({"tis_cap": 0.5}, "tis_cap", "0 \\(off\\) or a finite cap ≥ 1"),
+    ({"tis_cap": float("inf")}, "tis_cap", "finite cap"),
+    ({"rollout_weights": "q8"}, "rollout_weights", "not one of"),
 ])
 def test_bad_settings_name_the_key(raw, key, problem):
     with pytest.raises(InputError, match=f"params.yaml: field 'orchestra.rl.{key}': .*{problem}"):
