@@ -141,12 +141,12 @@ class RLSettings:
     # Ours, not the paper's: a CPU setting, said in the README where it is used.
     trainable_layers: int = 0
     # Truncated importance sampling of the sampler's drift (Yao et al. 2025, "Your efficient RL framework
-    # secretly brings you off-policy RL training"; TRL's vllm_importance_sampling_correction): the ratio
-    # of eq. 7 compares the trainer's own π_θ and π_old, but the tokens were drawn by the rollout engine,
-    # whose arithmetic differs (llama.cpp with float16 weights: ~1e-3 nats a token on average,
-    # benchmarks/llama_engine_precision.py). Each token's surrogate term is weighted by
-    # min(π_old(x) / π_sampler(x), tis_cap), with the sampler's own log-prob where the turn gives one for
-    # the trained token; 0 turns the weight off. Ours (004 samples with the policy it trains).
+    # secretly brings you off-policy RL training"; TRL's vllm_importance_sampling_correction in its
+    # token_truncate mode). The ratio of eq. 7 compares the trainer's own π_θ and π_old, but the tokens
+    # were drawn by the rollout engine, whose arithmetic differs (llama.cpp with float16 weights: ~1.5e-3
+    # nats a token on average, benchmarks/llama_engine_precision.py). Each token's surrogate term is
+    # weighted by min(π_old(x) / π_sampler(x), tis_cap), with the sampler's own log-prob where the turn
+    # gives one for the trained token; 0 turns the weight off. Ours (004 samples with the policy it trains).
     tis_cap: float = 2.0
     # The rollout engine's base weights when orchestra.controller.engine is llama_cpp: "f32" (the
     # trainer's own, ~3e-5 nats from its log-probs) or "f16" (~1.4x the tokens/s on a CPU, ~1.5e-3 nats

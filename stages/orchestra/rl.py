@@ -137,8 +137,8 @@ def rl_run_record(run: OrchestraRun, lm: OrchestraConfig, cfg, tasks: list, adap
 
 # AdvantageConfig keys of issue 23 (eq. 5, eq. 6, GiGPO), absent from runs recorded before them.
 ADVANTAGE_KEYS_ADDED = ("reward", "schema_bonus", "turn_return", "discount", "shaping_bound", "anchor_weight")
-# RLSettings keys added since (pool_size), likewise.
-SETTING_KEYS_ADDED = ("pool_size",)
+# RLSettings keys added since (pool_size; the sampler correction and the rollout weights), likewise.
+SETTING_KEYS_ADDED = ("pool_size", "tis_cap", "rollout_weights")
 
 
 def rl_checkpoints(folder: Path) -> list[Path]:
