@@ -163,15 +163,28 @@ async def run_arm(url: str, headers: dict, model: str, texts: list[str], rate: f
                     timing[i] = server_timing(response.headers["server-timing"])
             latencies[i] = time.perf_counter() - sent
 
+        lags: list[float] = []
+        watch = asyncio.create_task(loop_lag(lags))
         start = time.perf_counter()
         await asyncio.gather(*(one(i, start) for i in range(n)))
+        watch.cancel()
     if statuses is None:
         return latencies * 1000
     statuses.extend(codes.tolist())
     if views is not None:
         ok = codes == 200
-        views.update({"client_late_ms": late[ok] * 1000, "server_timing_ms": timing[ok]})
+        views.update({"client_late_ms": late[ok] * 1000, "server_timing_ms": timing[ok],
+                      "client_loop_lag_ms": np.array(lags or [0.0]) * 1000})
     return latencies[codes == 200] * 1000
+
+
+async def loop_lag(lags: list[float], interval_s: float = 0.005) -> None:
+    """How late a 5 ms sleep of the client's own loop wakes up, tick after tick: a client starved of
+    CPU answers late whatever the server did."""
+    while True:
+        start = time.perf_counter()
+        await asyncio.sleep(interval_s)
+        lags.append(max(time.perf_counter() - start - interval_s, 0.0))
 
 
 def server_timing(header: str) -> tuple[float, float, float]:
@@ -211,7 +224,17 @@ def server_view(views: dict, admitted_ms: np.ndarray) -> dict:
     return {"answers_timed": int(known.sum()), "wait": percentiles(timing[:, 0]), "gateway": percentiles(timing[:, 1]),
             "worker": percentiles(timing[:, 2]), "added": percentiles(timing[:, 0] + timing[:, 1]),
             "client_beyond_server": percentiles(total - timing.sum(axis=1)),
-            "client_late": percentiles(views["client_late_ms"])}
+            "client_late": percentiles(views["client_late_ms"]),
+            "client_loop_lag": percentiles(views["client_loop_lag_ms"])}
+
+
+def per_rate_summary(row: dict) -> dict:
+    """One rate at a glance: shed share, the admitted requests' added p99 as the client saw it and as the
+    gateway did, the direct arm's p99 and the client's own loop lag (its starvation) in the gateway arm."""
+    view = row.get("server_view", {})
+    return {"shed_share": row["shed_share"], "added_p99_ms_client": row.get("added", {}).get("p99_ms"),
+            "added_p99_ms_server": view.get("added", {}).get("p99_ms"), "direct_p99_ms": row["direct"]["p99_ms"],
+            "client_loop_lag_p99_ms": view.get("client_loop_lag", {}).get("p99_ms")}
 
 
 def sweep(args, texts: list[str]) -> dict:
@@ -253,6 +276,7 @@ def sweep(args, texts: list[str]) -> dict:
                        "shed_share": float((codes == 503).mean()), "direct": direct}
                 row["direct_failed"] = sum(code != 200 for code in direct_statuses)
                 row["direct_client_late"] = percentiles(direct_views["client_late_ms"])
+                row["direct_client_loop_lag"] = percentiles(direct_views["client_loop_lag_ms"])
                 row["cpu_cores_during_gateway_arm"] = cpu
                 if len(admitted):
                     row["gateway_admitted"] = summary(admitted)
@@ -277,6 +301,7 @@ def sweep(args, texts: list[str]) -> dict:
             "target_p99_added_ms": TARGET_P99_ADDED_MS, "capacity_per_s": capacity,
             "shed_share_above_capacity": {str(r["rate_per_s"]): r["shed_share"] for r in above},
             "dropped_connections_total": sum(r["dropped_connections"] for r in per_rate),
+            "per_rate": {str(r["rate_per_s"]): per_rate_summary(r) for r in per_rate},
             "rates": per_rate, "gateway_metrics_at_end": metrics,
             "command": "python benchmarks/gateway_overhead.py " + " ".join(sys.argv[1:]),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
@@ -303,7 +328,7 @@ def main() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({k: result[k] for k in ("capacity_per_s", "shed_share_above_capacity",
-                                                 "dropped_connections_total")}, indent=2))
+                                                 "dropped_connections_total", "per_rate")}, indent=2))
         return
     args.out = args.out or str(ROOT / "benchmarks" / "results" / "gateway_overhead.json")
     arms = ["direct", *STACKS]

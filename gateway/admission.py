@@ -9,10 +9,13 @@ reads it, (2) for a slot, (3) in the gateway's own work before the worker call (
 the database thread), shared with every request in flight. Each is bounded here:
 
 - every wait is measured from the request's *arrival in the kernel* (gateway/serving.py reads it from
-  TCP_INFO), the earliest timestamp there is, as CoDel measures sojourn from enqueue: a request that
-  has waited `max_queue_wait_s` by the time the door sees it is refused at once (`late`), and one that
-  must wait for a slot waits only what is left of that bound (`queue_wait`), behind at most
-  `max_queue` others (`queue_full`). Refusing costs a fraction of serving, so the kernel's queue drains.
+  TCP_INFO), the earliest timestamp there is, as CoDel measures sojourn from enqueue. While that queue
+  stands (CoDel's test: every request at the door in the last OVERHEAD_WINDOW_S, at least
+  OVERHEAD_MIN_SAMPLES of them, had waited more than STANDING_WAIT_S), a request that has waited
+  `max_queue_wait_s` by the time the door sees it is refused at once (`late`); a burst (the process
+  descheduled for a moment) is served, as refusing it would spare no one. A request that must wait
+  for a slot waits only what is left of that bound (`queue_wait`), behind at most `max_queue` others
+  (`queue_full`). Refusing costs a fraction of serving, so the kernel's queue drains.
   Once the waiters' queue has not been empty for OVERHEAD_WINDOW_S it is standing, and it is run as
   Facebook runs theirs (CoDel + adaptive LIFO: STANDING_WAIT_S below): a new waiter waits 5 ms at
   most, and a free slot goes to the newest waiter, so the requests served are the ones that waited least.
@@ -100,6 +103,8 @@ class Admission:
         self._baseline: collections.deque[tuple[float, float]] = collections.deque()  # window minima, increasing
         self._waiters: collections.deque[tuple[float, asyncio.Future]] = collections.deque()  # (arrived, slot)
         self._empty_at = clock()  # when the waiters' queue was last empty
+        self._door_waits: collections.deque[tuple[float, float]] = collections.deque()  # (when, waited), window minima
+        self._door_count: collections.deque[float] = collections.deque()  # when each request reached the door
         self._lags: collections.deque[float] = collections.deque(maxlen=LAG_WINDOW)
         self._timer: asyncio.Task | None = None
 
@@ -121,7 +126,7 @@ class Admission:
         now = self.clock()
         arrived = now if arrived_at is None else min(arrived_at, now)
         waited = now - arrived
-        if waited > self.max_queue_wait_s:  # already late: serving it would hand its wait on to the client
+        if self._door_queue_standing(now, waited) and waited > self.max_queue_wait_s:  # late, behind a standing queue
             raise self.overloaded(f"the request waited {waited * 1000:.0f} ms before it was read", "shed_late")
         if not self._waiters:
             self._empty_at = now
@@ -158,6 +163,20 @@ class Admission:
             raise
         self.stats.admitted += 1
         self.stats.queued += 1
+
+    def _door_queue_standing(self, now: float, waited: float) -> bool:
+        """Records this request's wait at the door; whether the last window's smallest was above
+        STANDING_WAIT_S with at least OVERHEAD_MIN_SAMPLES requests (a standing queue before the door)."""
+        horizon = now - OVERHEAD_WINDOW_S
+        while self._door_waits and self._door_waits[-1][1] >= waited:  # monotonic: the head is the window's minimum
+            self._door_waits.pop()
+        self._door_waits.append((now, waited))
+        while self._door_waits[0][0] < horizon:
+            self._door_waits.popleft()
+        self._door_count.append(now)
+        while self._door_count[0] < horizon:
+            self._door_count.popleft()
+        return len(self._door_count) >= OVERHEAD_MIN_SAMPLES and self._door_waits[0][1] > STANDING_WAIT_S
 
     def standing(self, now: float) -> bool:
         """Whether the waiters' queue has not been empty for a whole OVERHEAD_WINDOW_S."""

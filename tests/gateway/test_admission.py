@@ -13,6 +13,7 @@ import time
 import pytest
 import uvicorn
 
+from gateway import admission
 from gateway.admission import (ADMITTED, INITIAL_LIMIT, MIN_LIMIT, OVERHEAD_MIN_SAMPLES, OVERHEAD_WINDOW_S,
                                WORKER_CALLED, Admission, AdmissionMiddleware)
 from gateway.app import error_response
@@ -38,14 +39,21 @@ def refused(door: Admission, arrived_at: float | None = None) -> RequestError:
     return exc
 
 
-def test_a_request_that_waited_past_the_bound_before_the_door_is_refused_at_once():
+def test_behind_a_standing_queue_a_request_that_waited_past_the_bound_is_refused_at_the_door():
     clock = Clock()
     door = Admission(max_queue_wait_s=0.02, clock=clock)
-    refused(door, arrived_at=clock.t - 0.03)  # 30 ms in the kernel already
-    assert door.stats.shed_late == 1 and door.stats.in_flight == 0 and door.stats.admitted == 0
+    for _ in range(OVERHEAD_MIN_SAMPLES - 1):  # a burst that waited 30 ms each (the process descheduled): served
+        asyncio.run(door.acquire(clock.t - 0.03))
+    assert door.stats.admitted == OVERHEAD_MIN_SAMPLES - 1 and door.stats.shed == 0
+    refused(door, arrived_at=clock.t - 0.03)  # every request of the window waited: a standing queue
+    assert door.stats.shed_late == 1 and door.stats.admitted == OVERHEAD_MIN_SAMPLES - 1
     asyncio.run(door.acquire(clock.t - 0.01))  # 10 ms: within the bound
-    asyncio.run(door.acquire(None))  # no stamp (another server): counted from the door
-    assert door.stats.admitted == 2 and door.stats.shed == 1
+    refused(door, arrived_at=clock.t - 0.03)  # the window's smallest wait is 10 ms: still standing
+    asyncio.run(door.acquire(None))  # no stamp (another server): counted from the door, 0 ms
+    asyncio.run(door.acquire(clock.t - 0.03))  # a request that did not wait, in the window: no standing queue
+    clock.t += OVERHEAD_WINDOW_S * 1.5  # a new window, one late request in it: a burst, served
+    asyncio.run(door.acquire(clock.t - 0.03))
+    assert door.stats.shed_late == 2 and door.stats.admitted == OVERHEAD_MIN_SAMPLES + 3
 
 
 async def settle() -> None:
@@ -142,9 +150,12 @@ def test_kernel_wait_is_read_from_tcp_info_and_zero_where_there_is_none():
         s.close()
 
 
-def test_a_request_left_in_the_kernel_by_a_blocked_loop_is_refused_with_retry_after_on_an_open_connection():
+def test_a_request_left_in_the_kernel_by_a_blocked_loop_is_refused_with_retry_after_on_an_open_connection(
+        monkeypatch):
     """The first request blocks the server's event loop (as a starved process does not run it) while the
-    second one's bytes arrive: the second waits in the kernel, and the door sees that wait (TCP_INFO)."""
+    second one's bytes arrive: the second waits in the kernel, and the door sees that wait (TCP_INFO).
+    One request is taken as a window (the standing-queue test itself is the fake-clock test's)."""
+    monkeypatch.setattr(admission, "OVERHEAD_MIN_SAMPLES", 1)
     door = Admission(max_queue_wait_s=0.1)
     blocking, go = threading.Event(), threading.Event()
     seen: dict[str, dict] = {}
