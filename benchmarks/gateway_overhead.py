@@ -24,7 +24,10 @@ passes flags to `gateway serve`, e.g. `--gateway-arg=--max-loop-lag-ms=5`; `--wo
 the added p50/p99 of the admitted requests (answered 200) over the direct arm, the share shed (503
 with Retry-After), other statuses and dropped connections. The capacity is the highest rate whose
 added p99 is within TARGET_P99_ADDED_MS with nothing dropped; the shed share above it says how the
-excess was refused.
+excess was refused. The client shares the cores with the gateway and runs the endpoint in a thread, so
+each rate also keeps the server's view of the admitted requests (their `Server-Timing`: wait from the
+arrival in the kernel, the gateway's work to the worker call, the worker call), how late the client
+sent (its schedule vs its sends, in both arms), the CPU each process got, and the load average.
 
     python benchmarks/gateway_overhead.py --sweep 50,100,150,200,300 --requests 600 --out benchmarks/results/gateway_sweep.json
 """
@@ -130,16 +133,21 @@ def start_gateway(tmp: Path, uri: str, name: str, pool: Path, db_url: str, loop:
 
 
 async def run_arm(url: str, headers: dict, model: str, texts: list[str], rate: float, n: int,
-                  statuses: list | None = None) -> np.ndarray:
+                  statuses: list | None = None, views: dict | None = None) -> np.ndarray:
     """Open loop: request i is sent at i/rate s; its latency is measured from its own send time.
     Without `statuses` every answer must be a 200; with it, each request's status is appended to it
-    (0: the connection failed) and the latencies of the 200s alone are returned."""
+    (0: the connection failed) and the latencies of the 200s alone are returned. `views` gets, per
+    admitted request (ms), the gateway's Server-Timing parts (wait, gateway, worker) and the client's
+    own lateness (its send after the schedule: the load generator starved of CPU)."""
     latencies = np.zeros(n)
     codes = np.zeros(n, dtype=int)
+    late = np.zeros(n)
+    timing = np.full((n, 3), np.nan)
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=512)) as client:
         async def one(i: int, start: float):
             await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
             sent = time.perf_counter()
+            late[i] = sent - (start + i / rate)
             body = {"model": model, "messages": [{"role": "user", "content": texts[i % len(texts)]}], "max_tokens": 8}
             try:
                 response = await client.post(f"{url}/chat/completions", json=body, headers=headers)
@@ -151,14 +159,48 @@ async def run_arm(url: str, headers: dict, model: str, texts: list[str], rate: f
                 if statuses is None:
                     response.raise_for_status()
                 codes[i] = response.status_code
+                if views is not None and "server-timing" in response.headers:
+                    timing[i] = server_timing(response.headers["server-timing"])
             latencies[i] = time.perf_counter() - sent
 
+        lags: list[float] = []
+        watch = asyncio.create_task(loop_lag(lags))
         start = time.perf_counter()
         await asyncio.gather(*(one(i, start) for i in range(n)))
+        watch.cancel()
     if statuses is None:
         return latencies * 1000
     statuses.extend(codes.tolist())
+    if views is not None:
+        ok = codes == 200
+        views.update({"client_late_ms": late[ok] * 1000, "server_timing_ms": timing[ok],
+                      "client_loop_lag_ms": np.array(lags or [0.0]) * 1000})
     return latencies[codes == 200] * 1000
+
+
+async def loop_lag(lags: list[float], interval_s: float = 0.005) -> None:
+    """How late a 5 ms sleep of the client's own loop wakes up, tick after tick: a client starved of
+    CPU answers late whatever the server did."""
+    while True:
+        start = time.perf_counter()
+        await asyncio.sleep(interval_s)
+        lags.append(max(time.perf_counter() - start - interval_s, 0.0))
+
+
+def server_timing(header: str) -> tuple[float, float, float]:
+    """`wait;dur=…, gateway;dur=…, worker;dur=…` (gateway/admission.py) → the three durations, ms."""
+    parts = dict(part.strip().split(";dur=") for part in header.split(","))
+    return float(parts["wait"]), float(parts["gateway"]), float(parts["worker"])
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (proc(5): utime, stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentiles(ms: np.ndarray) -> dict[str, float]:
+    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
 
 
 def summary(ms: np.ndarray) -> dict[str, float]:
@@ -168,6 +210,31 @@ def summary(ms: np.ndarray) -> dict[str, float]:
 
 def added(gateway: dict[str, float], direct: dict[str, float]) -> dict[str, float]:
     return {"p50_ms": gateway["p50_ms"] - direct["p50_ms"], "p99_ms": gateway["p99_ms"] - direct["p99_ms"]}
+
+
+def server_view(views: dict, admitted_ms: np.ndarray) -> dict:
+    """The admitted requests seen from the gateway (its Server-Timing) beside the client's view: `added`
+    is the gateway's own part (arrival in its kernel to the worker call: wait + gateway); what the client
+    saw beyond the server's whole time (wait + gateway + worker) is the network and the client itself."""
+    timing = views["server_timing_ms"]
+    known = ~np.isnan(timing).any(axis=1)
+    timing, total = timing[known], admitted_ms[known]
+    if not len(timing):
+        return {"answers_timed": 0}
+    return {"answers_timed": int(known.sum()), "wait": percentiles(timing[:, 0]), "gateway": percentiles(timing[:, 1]),
+            "worker": percentiles(timing[:, 2]), "added": percentiles(timing[:, 0] + timing[:, 1]),
+            "client_beyond_server": percentiles(total - timing.sum(axis=1)),
+            "client_late": percentiles(views["client_late_ms"]),
+            "client_loop_lag": percentiles(views["client_loop_lag_ms"])}
+
+
+def per_rate_summary(row: dict) -> dict:
+    """One rate at a glance: shed share, the admitted requests' added p99 as the client saw it and as the
+    gateway did, the direct arm's p99 and the client's own loop lag (its starvation) in the gateway arm."""
+    view = row.get("server_view", {})
+    return {"shed_share": row["shed_share"], "added_p99_ms_client": row.get("added", {}).get("p99_ms"),
+            "added_p99_ms_server": view.get("added", {}).get("p99_ms"), "direct_p99_ms": row["direct"]["p99_ms"],
+            "client_loop_lag_p99_ms": view.get("client_loop_lag", {}).get("p99_ms")}
 
 
 def sweep(args, texts: list[str]) -> dict:
@@ -190,24 +257,37 @@ def sweep(args, texts: list[str]) -> dict:
             for _ in range(max(args.workers, 1)):  # warm-up: each process caches the embeddings
                 asyncio.run(run_arm(url, headers, "auto", texts, 10, len(texts), statuses=[]))
             for rate in rates:
+                direct_views: dict = {}
+                direct_statuses: list[int] = []
                 direct = summary(asyncio.run(run_arm(endpoint, {}, "smollm2-135m-instruct", texts, rate,
-                                                     args.requests)))
+                                                     args.requests, direct_statuses, direct_views)))
                 statuses: list[int] = []
-                admitted = asyncio.run(run_arm(url, headers, "auto", texts, rate, args.requests, statuses))
+                views: dict = {}
+                cpu_before, clock_before = (cpu_s(os.getpid()), cpu_s(proc.pid)), time.perf_counter()
+                admitted = asyncio.run(run_arm(url, headers, "auto", texts, rate, args.requests, statuses, views))
+                elapsed = time.perf_counter() - clock_before
+                cpu = {"client_and_endpoint": (cpu_s(os.getpid()) - cpu_before[0]) / elapsed,
+                       "gateway": (cpu_s(proc.pid) - cpu_before[1]) / elapsed}
                 load.append(os.getloadavg()[0])
                 codes = np.array(statuses)
                 row = {"rate_per_s": rate, "requests": len(codes), "admitted": int((codes == 200).sum()),
                        "shed_503": int((codes == 503).sum()), "dropped_connections": int((codes == 0).sum()),
                        "other_statuses": sorted({int(c) for c in codes if c not in (0, 200, 503)}),
                        "shed_share": float((codes == 503).mean()), "direct": direct}
+                row["direct_failed"] = sum(code != 200 for code in direct_statuses)
+                row["direct_client_late"] = percentiles(direct_views["client_late_ms"])
+                row["direct_client_loop_lag"] = percentiles(direct_views["client_loop_lag_ms"])
+                row["cpu_cores_during_gateway_arm"] = cpu
                 if len(admitted):
                     row["gateway_admitted"] = summary(admitted)
                     row["added"] = added(row["gateway_admitted"], direct)
+                    row["server_view"] = server_view(views, admitted)
                 row["within_target"] = bool(len(admitted) and row["added"]["p99_ms"] <= TARGET_P99_ADDED_MS
                                             and row["dropped_connections"] == 0 and not row["other_statuses"])
                 per_rate.append(row)
                 print(json.dumps({k: row[k] for k in ("rate_per_s", "admitted", "shed_share", "dropped_connections")}
-                                 | {"added": row.get("added")}), flush=True)
+                                 | {"added": row.get("added"), "server_added": row.get("server_view", {}).get("added"),
+                                    "direct_p99": direct["p99_ms"], "load": load[-1]}), flush=True)
             metrics = httpx.get(url[:-3] + "/metrics", timeout=10).text
         finally:
             proc.terminate()
@@ -221,6 +301,7 @@ def sweep(args, texts: list[str]) -> dict:
             "target_p99_added_ms": TARGET_P99_ADDED_MS, "capacity_per_s": capacity,
             "shed_share_above_capacity": {str(r["rate_per_s"]): r["shed_share"] for r in above},
             "dropped_connections_total": sum(r["dropped_connections"] for r in per_rate),
+            "per_rate": {str(r["rate_per_s"]): per_rate_summary(r) for r in per_rate},
             "rates": per_rate, "gateway_metrics_at_end": metrics,
             "command": "python benchmarks/gateway_overhead.py " + " ".join(sys.argv[1:]),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
@@ -247,7 +328,7 @@ def main() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({k: result[k] for k in ("capacity_per_s", "shed_share_above_capacity",
-                                                 "dropped_connections_total")}, indent=2))
+                                                 "dropped_connections_total", "per_rate")}, indent=2))
         return
     args.out = args.out or str(ROOT / "benchmarks" / "results" / "gateway_overhead.json")
     arms = ["direct", *STACKS]

@@ -2,28 +2,40 @@
 Retry-After, counted) rather than queued without bound.
 
 Without it, an open-loop load above capacity (benchmarks/gateway_overhead.py: 200 req/s on two shared
-cores) grew the queue without bound: added p50 446 ms, p99 11.8 s, and a dropped connection. The
-queues that fill under overload are bounded here:
+cores) grew the queue without bound: added p50 446 ms, p99 11.8 s, and a dropped connection. Where an
+admitted request's time goes under overload was then measured per request (the sweep's server-side
+view: Server-Timing below): on a CPU-starved gateway it waits (1) in the kernel before the loop
+reads it, (2) for a slot, (3) in the gateway's own work before the worker call (the loop, the GIL,
+the database thread), shared with every request in flight. Each is bounded here:
 
-- requests in the app: at most `max_in_flight` are served at once; up to `max_queue` more wait (FIFO)
-  for a slot, each for at most `max_queue_wait_s`; beyond either bound: 503.
-- the gateway's own work per request. When the CPU is the bottleneck, requests wait where no length
-  can be counted: on the database thread's queue, for the GIL, as callbacks of a saturated loop. So
-  the gateway judges its queue by sojourn time, as CoDel does, not by length: each admitted request
-  reports its *overhead* (from arrival to the worker call: parsing, decision, budget reservation);
-  while every request of the last `OVERHEAD_WINDOW_S` (at least `OVERHEAD_MIN_SAMPLES` of them) took
-  more than `max_overhead_ms` beyond the unloaded overhead (the smallest of the last
-  `BASELINE_WINDOW_S`: a remote database's round trips are not a queue), the queue is standing, not a
-  burst, and new requests are refused at the door, which costs a fraction of serving one, so it
-  drains. An empty window re-opens the door.
-- the event loop's lag (`max_loop_lag_ms`): a timer measures how late a `sleep(interval)` wakes up;
-  while the lag of the last `LAG_WINDOW` ticks stays above it, new requests are refused too (the
-  queue before the app sees a request).
+- every wait is measured from the request's *arrival in the kernel* (gateway/serving.py reads it from
+  TCP_INFO), the earliest timestamp there is, as CoDel measures sojourn from enqueue. While that queue
+  stands (CoDel's test: every request at the door in the last OVERHEAD_WINDOW_S, at least
+  OVERHEAD_MIN_SAMPLES of them, had waited more than STANDING_WAIT_S), a request that has waited
+  `max_queue_wait_s` by the time the door sees it is refused at once (`late`); a burst (the process
+  descheduled for a moment) is served, as refusing it would spare no one. A request that must wait
+  for a slot waits only what is left of that bound (`queue_wait`), behind at most `max_queue` others
+  (`queue_full`). Refusing costs a fraction of serving, so the kernel's queue drains.
+  Once the waiters' queue has not been empty for OVERHEAD_WINDOW_S it is standing, and it is run as
+  Facebook runs theirs (CoDel + adaptive LIFO: STANDING_WAIT_S below): a new waiter waits 5 ms at
+  most, and a free slot goes to the newest waiter, so the requests served are the ones that waited least.
+- the number served at once is a limit that adapts, as Envoy's adaptive concurrency filter and
+  Netflix's concurrency-limits (Gradient) do: every OVERHEAD_WINDOW_S (with at least
+  OVERHEAD_MIN_SAMPLES requests) the median *overhead* of the admitted requests (from the slot to the
+  worker call: parsing, decision, reservation) is compared with the target, the unloaded overhead
+  (the smallest of the last BASELINE_WINDOW_S: a remote database's round trips are not a queue) plus
+  `max_overhead_ms`. Above it the limit shrinks by their ratio (at most by half, never below
+  MIN_LIMIT); at or below it, and only if the limit was reached in the window, it grows by its square
+  root. With `max_overhead_ms` 0 the limit is `max_in_flight`, fixed.
+- the event loop's lag (`max_loop_lag_ms`, 0: not watched): a timer measures how late a
+  `sleep(interval)` wakes up; while the lag of the last LAG_WINDOW ticks stays above it, new requests
+  are refused too (`loop_lag`).
 
 A refusal is an OpenAI-format error (type `server_error`, code `overloaded`) with `Retry-After`
 (seconds) and `retry-after-ms`, which the openai SDK honours when it retries; the connection stays
-open. Counts are in `AdmissionStats` (GET /metrics). Each process of `gateway serve --workers N`
-admits for itself.
+open. Counts are in `AdmissionStats` (GET /metrics); an admitted answer carries a `Server-Timing`
+header (W3C Server Timing: `wait`, `gateway`, `worker`, in ms) with the server's view of its time.
+Each process of `gateway serve --workers N` admits for itself.
 """
 
 from __future__ import annotations
@@ -31,16 +43,24 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+import statistics
 import time
 from dataclasses import dataclass
 
 from gateway.errors import RequestError
+from gateway.serving import ARRIVED
 
 LAG_INTERVAL_S = 0.005  # the loop-lag timer's period
 LAG_WINDOW = 4  # ticks: the lag must stay high this long (≈ 20 ms) before the door closes
-OVERHEAD_WINDOW_S = 0.1  # CoDel's interval: a standing queue outlasts it, a burst does not
-OVERHEAD_MIN_SAMPLES = 8  # fewer requests in the window say nothing of a queue
+OVERHEAD_WINDOW_S = 0.1  # CoDel's interval: the limit is revised at most this often
+OVERHEAD_MIN_SAMPLES = 8  # fewer requests in a window say nothing of a queue
 BASELINE_WINDOW_S = 60.0  # the unloaded overhead: the smallest seen in this long
+INITIAL_LIMIT = 16  # the adaptive limit's start (Netflix's Gradient starts at 20): it grows when reached
+MIN_LIMIT = 2  # the adaptive limit's floor: a gateway this slow still serves, two at a time
+# Facebook's CoDel queue with adaptive LIFO (Maurer, "Fail at Scale", ACM Queue 13(8), 2015): a queue not
+# empty for OVERHEAD_WINDOW_S is standing; then a new waiter waits at most STANDING_WAIT_S (M = 5 ms
+# there) and a free slot goes to the newest waiter, not the oldest, which has the least time left.
+STANDING_WAIT_S = 0.005
 
 
 @dataclass
@@ -49,68 +69,91 @@ class AdmissionStats:
     queued: int = 0  # admitted after waiting for a slot
     shed_queue_full: int = 0
     shed_queue_wait: int = 0
+    shed_late: int = 0  # waited max_queue_wait_s before the door saw it (in the kernel, on the loop)
     shed_loop_lag: int = 0
-    shed_overhead: int = 0
     in_flight: int = 0
     waiting: int = 0
+    limit: int = 0  # requests served at once, now (adaptive with max_overhead_ms > 0)
     loop_lag_ms: float = 0.0  # the latest window's smallest lag
-    overhead_ms: float = 0.0  # the latest window's smallest request overhead
+    overhead_ms: float = 0.0  # the latest window's median request overhead
     baseline_overhead_ms: float = 0.0  # the smallest of the last minute: the unloaded overhead
 
     @property
     def shed(self) -> int:
-        return self.shed_queue_full + self.shed_queue_wait + self.shed_loop_lag + self.shed_overhead
+        return self.shed_queue_full + self.shed_queue_wait + self.shed_late + self.shed_loop_lag
 
 
 class Admission:
-    """The gateway's door: `async with admission.slot(): ...` serves a request or raises RequestError(503)."""
+    """The gateway's door: `await acquire(arrived_at)` ... `release()` serves a request, or acquire raises
+    RequestError(503). `clock` (time.monotonic) is what `arrived_at` and the windows are read on."""
 
     def __init__(self, max_in_flight: int = 256, max_queue: int = 256, max_queue_wait_s: float = 0.05,
-                 max_loop_lag_ms: float = 0.0, retry_after_s: float = 1.0, max_overhead_ms: float = 0.0):
+                 max_loop_lag_ms: float = 0.0, retry_after_s: float = 1.0, max_overhead_ms: float = 0.0,
+                 clock=time.monotonic):
         self.max_in_flight, self.max_queue, self.max_queue_wait_s = max_in_flight, max_queue, max_queue_wait_s
         self.max_loop_lag_s = max_loop_lag_ms / 1000 if max_loop_lag_ms > 0 else math.inf
         self.max_overhead_s = max_overhead_ms / 1000 if max_overhead_ms > 0 else math.inf
-        self._overheads: collections.deque[tuple[float, float]] = collections.deque()  # (when, seconds)
-        self._baseline: collections.deque[tuple[float, float]] = collections.deque()  # window minima, increasing
+        self.adaptive = math.isfinite(self.max_overhead_s)
+        self.clock = clock
         self.retry_after_s = retry_after_s
-        self.stats = AdmissionStats()
-        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self.stats = AdmissionStats(limit=min(max_in_flight, INITIAL_LIMIT) if self.adaptive else max_in_flight)
+        self._window: list[float] = []  # the overheads observed since _window_start
+        self._window_start = clock()
+        self._limit_reached = False  # in this window: whether a request found every slot taken
+        self._baseline: collections.deque[tuple[float, float]] = collections.deque()  # window minima, increasing
+        self._waiters: collections.deque[tuple[float, asyncio.Future]] = collections.deque()  # (arrived, slot)
+        self._empty_at = clock()  # when the waiters' queue was last empty
+        self._door_waits: collections.deque[tuple[float, float]] = collections.deque()  # (when, waited), window minima
+        self._door_count: collections.deque[float] = collections.deque()  # when each request reached the door
         self._lags: collections.deque[float] = collections.deque(maxlen=LAG_WINDOW)
         self._timer: asyncio.Task | None = None
+
+    @property
+    def limit(self) -> int:
+        return self.stats.limit
 
     def overloaded(self, why: str, count: str) -> RequestError:
         setattr(self.stats, count, getattr(self.stats, count) + 1)
         return RequestError(503, f"the gateway is overloaded ({why}); retry after {self.retry_after_s:g} s",
                             "server_error", "overloaded", retry_after_s=self.retry_after_s)
 
-    async def acquire(self) -> None:
+    async def acquire(self, arrived_at: float | None = None) -> None:
+        """Admit a request that reached the kernel at `arrived_at` (default: now), or raise the 503."""
         if self._timer is None and math.isfinite(self.max_loop_lag_s):
             self._timer = asyncio.get_running_loop().create_task(self._watch_lag())
         if len(self._lags) == LAG_WINDOW and min(self._lags) > self.max_loop_lag_s:
             raise self.overloaded(f"its event loop runs {min(self._lags) * 1000:.0f} ms late", "shed_loop_lag")
-        standing = self.standing_overhead()
-        if standing is not None:
-            raise self.overloaded(f"each of its last requests waited ≥ {standing * 1000:.0f} ms in the gateway",
-                                  "shed_overhead")
-        if self.stats.in_flight < self.max_in_flight and not self._waiters:
-            self.stats.in_flight += 1
-            self.stats.admitted += 1
-            return
+        now = self.clock()
+        arrived = now if arrived_at is None else min(arrived_at, now)
+        waited = now - arrived
+        if self._door_queue_standing(now, waited) and waited > self.max_queue_wait_s:  # late, behind a standing queue
+            raise self.overloaded(f"the request waited {waited * 1000:.0f} ms before it was read", "shed_late")
+        if not self._waiters:
+            self._empty_at = now
+            if self.stats.in_flight < self.limit:
+                self.stats.in_flight += 1
+                self.stats.admitted += 1
+                return
+        self._limit_reached = True
         if len(self._waiters) >= self.max_queue:
             raise self.overloaded(f"{self.stats.in_flight} requests in flight and {len(self._waiters)} waiting",
                                   "shed_queue_full")
+        wait = self.max_queue_wait_s - waited
+        if self.standing(now):
+            wait = min(wait, STANDING_WAIT_S)
         slot = asyncio.get_running_loop().create_future()
-        self._waiters.append(slot)
+        self._waiters.append((arrived, slot))
         self.stats.waiting = len(self._waiters)
         try:
-            await asyncio.wait_for(asyncio.shield(slot), self.max_queue_wait_s)
+            await asyncio.wait_for(asyncio.shield(slot), wait)
         except asyncio.TimeoutError:
             if slot.done() and not slot.cancelled():  # handed a slot just as the wait ran out: take it
                 pass
             else:
                 slot.cancel()
                 self._discard(slot)
-                raise self.overloaded(f"no slot within {self.max_queue_wait_s * 1000:.0f} ms", "shed_queue_wait")
+                raise self.overloaded(f"no slot within {(waited + wait) * 1000:.0f} ms of its arrival",
+                                      "shed_queue_wait")
         except BaseException:
             if slot.done() and not slot.cancelled():
                 self.release()  # the slot handed to us goes to the next one
@@ -121,49 +164,84 @@ class Admission:
         self.stats.admitted += 1
         self.stats.queued += 1
 
-    def observe(self, overhead_s: float) -> None:
-        """An admitted request's overhead: from its arrival to its worker call."""
-        if math.isfinite(self.max_overhead_s):
-            now = time.monotonic()
-            self._overheads.append((now, overhead_s))
-            # a monotonic deque: its head is the smallest overhead of the last BASELINE_WINDOW_S
-            while self._baseline and self._baseline[-1][1] >= overhead_s:
-                self._baseline.pop()
-            self._baseline.append((now, overhead_s))
-            while self._baseline[0][0] < now - BASELINE_WINDOW_S:
-                self._baseline.popleft()
+    def _door_queue_standing(self, now: float, waited: float) -> bool:
+        """Records this request's wait at the door; whether the last window's smallest was above
+        STANDING_WAIT_S with at least OVERHEAD_MIN_SAMPLES requests (a standing queue before the door)."""
+        horizon = now - OVERHEAD_WINDOW_S
+        while self._door_waits and self._door_waits[-1][1] >= waited:  # monotonic: the head is the window's minimum
+            self._door_waits.pop()
+        self._door_waits.append((now, waited))
+        while self._door_waits[0][0] < horizon:
+            self._door_waits.popleft()
+        self._door_count.append(now)
+        while self._door_count[0] < horizon:
+            self._door_count.popleft()
+        return len(self._door_count) >= OVERHEAD_MIN_SAMPLES and self._door_waits[0][1] > STANDING_WAIT_S
 
-    def standing_overhead(self) -> float | None:
-        """The smallest overhead of the last window when all of it is above max_overhead_ms (a standing
-        queue), else None."""
-        if not self._overheads:
-            return None
-        horizon = time.monotonic() - OVERHEAD_WINDOW_S
-        while self._overheads and self._overheads[0][0] < horizon:
-            self._overheads.popleft()
-        if len(self._overheads) < OVERHEAD_MIN_SAMPLES:
-            return None
-        smallest = min(v for _, v in self._overheads)
-        baseline = self._baseline[0][1] if self._baseline else 0.0
-        self.stats.overhead_ms, self.stats.baseline_overhead_ms = smallest * 1000, baseline * 1000
-        return smallest if smallest - baseline > self.max_overhead_s else None
+    def standing(self, now: float) -> bool:
+        """Whether the waiters' queue has not been empty for a whole OVERHEAD_WINDOW_S."""
+        return bool(self._waiters) and now - self._empty_at >= OVERHEAD_WINDOW_S
+
+    def observe(self, overhead_s: float) -> None:
+        """An admitted request's overhead: from its slot to its worker call. Revises the limit once a
+        window is full (module docstring)."""
+        if not self.adaptive:
+            return
+        now = self.clock()
+        # a monotonic deque: its head is the smallest overhead of the last BASELINE_WINDOW_S
+        while self._baseline and self._baseline[-1][1] >= overhead_s:
+            self._baseline.pop()
+        self._baseline.append((now, overhead_s))
+        while self._baseline[0][0] < now - BASELINE_WINDOW_S:
+            self._baseline.popleft()
+        self._window.append(overhead_s)
+        if now - self._window_start >= OVERHEAD_WINDOW_S and len(self._window) >= OVERHEAD_MIN_SAMPLES:
+            self._revise_limit(now)
+
+    def _revise_limit(self, now: float) -> None:
+        sample, baseline = statistics.median(self._window), self._baseline[0][1]
+        target = baseline + self.max_overhead_s
+        limit = self.limit
+        if sample > target:  # a queue inside the gateway: serve fewer at once (Gradient: limit * target/sample)
+            limit = max(MIN_LIMIT, math.floor(limit * max(0.5, target / sample)))
+        elif self._limit_reached:  # fast, and more would have come in: room to grow
+            limit = min(self.max_in_flight, limit + max(1, math.isqrt(limit)))
+        self.stats.limit = limit
+        self.stats.overhead_ms, self.stats.baseline_overhead_ms = sample * 1000, baseline * 1000
+        self._window, self._window_start, self._limit_reached = [], now, False
+        while self._waiters and self.stats.in_flight < self.limit:  # a larger limit: hand out the new slots
+            self.stats.in_flight += 1
+            self._hand_slot()
 
     def release(self) -> None:
-        """A request is done: its slot goes to the first waiter, or back to the pool."""
-        while self._waiters:
-            slot = self._waiters.popleft()
-            self.stats.waiting = len(self._waiters)
-            if not slot.done():
-                slot.set_result(None)  # in_flight unchanged: the slot moves on
-                return
+        """A request is done: its slot goes to the first waiter (unless the limit has shrunk below the
+        requests in flight), or back to the pool."""
+        if self.stats.in_flight <= self.limit and self._hand_slot():
+            return  # in_flight unchanged: the slot moves on
         self.stats.in_flight -= 1
 
+    def _hand_slot(self) -> bool:
+        """Hand a slot to a waiter: the oldest (FIFO), or the newest while the queue stands (LIFO)."""
+        lifo = self.standing(self.clock())
+        while self._waiters:
+            _, slot = self._waiters.pop() if lifo else self._waiters.popleft()
+            self._queue_changed()
+            if not slot.done():
+                slot.set_result(None)
+                return True
+        return False
+
     def _discard(self, slot: asyncio.Future) -> None:
-        try:
-            self._waiters.remove(slot)
-        except ValueError:
-            pass
+        for i, (_, waiting) in enumerate(self._waiters):
+            if waiting is slot:
+                del self._waiters[i]
+                break
+        self._queue_changed()
+
+    def _queue_changed(self) -> None:
         self.stats.waiting = len(self._waiters)
+        if not self._waiters:
+            self._empty_at = self.clock()
 
     async def _watch_lag(self) -> None:
         while True:
@@ -179,8 +257,13 @@ class Admission:
             self._timer = None
 
 
+ADMITTED, WORKER_CALLED = "admitted_at", "worker_called_at"  # scope["state"] keys (the app sets the second)
+
+
 class AdmissionMiddleware:
-    """Pure ASGI: admits each request to `paths` through `admission`, or answers the 503 itself."""
+    """Pure ASGI: admits each request to `paths` through `admission`, or answers the 503 itself. An
+    admitted request's response carries `Server-Timing: wait;dur=…, gateway;dur=…, worker;dur=…` (ms:
+    arrival to slot, slot to worker call, worker call to response)."""
 
     def __init__(self, app, admission: Admission, paths: tuple[str, ...] = ("/v1/chat/completions",),
                  on_refused=None):
@@ -189,16 +272,28 @@ class AdmissionMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] not in self.paths:
             return await self.app(scope, receive, send)
+        state = scope.setdefault("state", {})
+        arrived = state.get(ARRIVED)  # from the kernel (gateway/serving.py); absent on other servers
         try:
-            await self.admission.acquire()
+            await self.admission.acquire(arrived)
         except RequestError as exc:
             from gateway.app import error_response  # the one renderer of errors
 
             if self.on_refused is not None:
                 self.on_refused(exc)
             return await error_response(exc)(scope, receive, send)
-        scope.setdefault("state", {})["admitted_at"] = time.monotonic()  # the overhead's start (Gateway.observe)
+        state[ADMITTED] = admitted = self.admission.clock()  # the overhead's start (Gateway.observe)
+        arrived = admitted if arrived is None else arrived
+
+        async def timed_send(message):
+            if message["type"] == "http.response.start" and WORKER_CALLED in state:
+                called = state[WORKER_CALLED]
+                timing = (f"wait;dur={(admitted - arrived) * 1000:.2f}, gateway;dur={(called - admitted) * 1000:.2f}, "
+                          f"worker;dur={(self.admission.clock() - called) * 1000:.2f}")
+                message = {**message, "headers": [*message.get("headers", []), (b"server-timing", timing.encode())]}
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, timed_send)
         finally:
             self.admission.release()

@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import openapi
-from gateway.admission import Admission, AdmissionMiddleware
+from gateway.admission import ADMITTED, WORKER_CALLED, Admission, AdmissionMiddleware
 from gateway.champion import Champion, Champions
 from gateway.errors import RequestError
 from gateway.critiqued import answer_critiqued
@@ -83,14 +83,15 @@ class GatewayConfig:
     log_embeddings: bool = True
     hold_lease_s: float = 3600.0  # a budget hold not settled by then is a dead process's: released (store.py)
     max_body_bytes: int = 8 * 2**20  # a larger request body is refused (413) before it is parsed
-    # Admission control (gateway/admission.py), per process: requests served at once, requests waiting
-    # for a slot and for how long, and the event-loop lag above which new requests are refused (503).
+    # Admission control (gateway/admission.py), per process: requests served at once (at most), requests
+    # waiting for a slot, the longest a request may wait from its arrival in the kernel, and the
+    # event-loop lag above which new requests are refused (503).
     max_in_flight: int = 256
     max_queue: int = 256
     max_queue_wait_s: float = 0.05
     max_loop_lag_ms: float = 0.0  # 0: the loop's lag is not watched
-    # A standing queue: every recent request's overhead this far above the unloaded one (0: not watched;
-    # `gateway serve` watches it by default, gateway/cli.py).
+    # The adaptive limit's target: the median overhead this far above the unloaded one (0: the limit is
+    # max_in_flight, fixed; `gateway serve` adapts it by default, gateway/cli.py).
     max_overhead_ms: float = 0.0
 
     def __post_init__(self) -> None:
@@ -394,9 +395,10 @@ class Gateway:
                  "# TYPE routerops_gateway_queued_total counter", f"routerops_gateway_queued_total {a.queued}",
                  "# TYPE routerops_gateway_shed_total counter"]
         lines += [f'routerops_gateway_shed_total{{reason="{r}"}} {getattr(a, "shed_" + r)}'
-                  for r in ("queue_full", "queue_wait", "loop_lag", "overhead")]
+                  for r in ("queue_full", "queue_wait", "late", "loop_lag")]
         lines += ["# TYPE routerops_gateway_in_flight gauge", f"routerops_gateway_in_flight {a.in_flight}",
                   "# TYPE routerops_gateway_waiting gauge", f"routerops_gateway_waiting {a.waiting}",
+                  "# TYPE routerops_gateway_limit gauge", f"routerops_gateway_limit {a.limit}",
                   "# TYPE routerops_gateway_loop_lag_ms gauge", f"routerops_gateway_loop_lag_ms {a.loop_lag_ms:.3f}",
                   "# TYPE routerops_gateway_overhead_ms gauge", f"routerops_gateway_overhead_ms {a.overhead_ms:.3f}",
                   "# TYPE routerops_gateway_baseline_overhead_ms gauge",
@@ -652,9 +654,10 @@ def create_app(gw: Gateway) -> FastAPI:
             response = await answer(gw, key, req.body, champion, req.messages, req.budget_usd)
         else:
             call = await gw.open_call(key, req, champion)
-            admitted_at = request.scope.get("state", {}).get("admitted_at")
-            if admitted_at is not None:  # the gateway's part before the worker call (gateway/admission.py)
-                gw.admission.observe(time.monotonic() - admitted_at)
+            state = request.scope.get("state", {})
+            if ADMITTED in state:  # the gateway's part before the worker call (gateway/admission.py)
+                state[WORKER_CALLED] = gw.admission.clock()
+                gw.admission.observe(state[WORKER_CALLED] - state[ADMITTED])
             response = await (stream(gw, call) if req.stream else complete(gw, call))
         gw.count(f"status_{response.status_code}")
         return response

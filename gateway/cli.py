@@ -21,9 +21,11 @@ from routerops.errors import InputError
 
 DEFAULT_DB = GatewayConfig.__dataclass_fields__["db_url"].default
 QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")  # the worker calls' HTTP clients
-# The server's admission control watches its standing queue (gateway/admission.py; benchmarks/
-# gateway_overhead.py --sweep); a Gateway made in code (tests, notebooks) does not unless told.
-SERVE_DEFAULTS = {"max_overhead_ms": 5.0}
+# The server adapts how many requests it serves at once to its overhead (gateway/admission.py;
+# benchmarks/gateway_overhead.py --sweep); a Gateway made in code (tests, notebooks) does not unless told.
+# A request may wait 20 ms from its arrival in the kernel (in the kernel, for a slot) before it is refused.
+SERVE_DEFAULTS = {"max_overhead_ms": 5.0, "max_queue_wait_s": 0.02}
+STAMPED_HTTP = "gateway.serving:StampedHttpToolsProtocol"  # uvicorn --http
 SERVE_ENV = "ROUTEROPS_GATEWAY_SERVE"  # --workers N: the configuration each process reads (app_from_env)
 
 
@@ -93,7 +95,10 @@ def serve_command(args: argparse.Namespace) -> None:
         if args.local_server and not fields["local_base_url"]:
             fields["local_base_url"] = stack.enter_context(local_llm_server())
         cfg = GatewayConfig(routers=tuple(args.routers), **fields)
-        server = {"host": args.host, "port": args.port, "loop": args.loop, "http": args.http, "log_level": "warning",
+        # httptools (a dependency) with each request's arrival in the kernel stamped (gateway/serving.py):
+        # admission measures waits from it. h11 has no such stamp: waits count from the app's first sight.
+        http = STAMPED_HTTP if args.http in ("auto", "httptools") else args.http
+        server = {"host": args.host, "port": args.port, "loop": args.loop, "http": http, "log_level": "warning",
                   "access_log": False}
         if args.workers == 1:
             gw = serving_gateway(cfg, tracking_uri)

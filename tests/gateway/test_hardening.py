@@ -316,36 +316,3 @@ def test_a_waiting_request_takes_the_first_free_slot(router, tmp_path):
         assert s.endpoint.max_in_flight == 1 and s.gw.admission.stats.queued == 3
     finally:
         s.close()
-
-
-def test_a_standing_queue_in_the_gateway_closes_the_door_and_an_empty_window_reopens_it():
-    from gateway.admission import OVERHEAD_MIN_SAMPLES, OVERHEAD_WINDOW_S, Admission
-    from gateway.errors import RequestError
-
-    async def scenario():
-        door = Admission(max_overhead_ms=5.0)
-        door.observe(0.002)  # unloaded: 2 ms (the baseline, kept for a minute)
-        await asyncio.sleep(OVERHEAD_WINDOW_S * 1.2)
-        for _ in range(OVERHEAD_MIN_SAMPLES):  # then every request waits 30 ms in the gateway: a standing queue
-            door.observe(0.030)
-        with pytest.raises(RequestError) as refused:
-            await door.acquire()
-        assert refused.value.status == 503 and refused.value.retry_after_s and door.stats.shed_overhead == 1
-        await asyncio.sleep(OVERHEAD_WINDOW_S * 1.2)  # nothing admitted since: the window empties, the door opens
-        await door.acquire()
-        door.release()
-        # a burst (one slow request among fast ones) is not a standing queue
-        for overhead in [0.030] + [0.003] * OVERHEAD_MIN_SAMPLES:
-            door.observe(overhead)
-        await door.acquire()
-        door.release()
-
-        remote = Admission(max_overhead_ms=5.0)  # a remote database: 20 ms is this gateway's unloaded overhead
-        for _ in range(3 * OVERHEAD_MIN_SAMPLES):
-            remote.observe(0.020)
-        await remote.acquire()
-        remote.release()
-        door.close()
-        remote.close()
-
-    asyncio.run(scenario())

@@ -63,7 +63,8 @@ def start(tmp_path: Path, name: str, endpoint: str, db_url: str, tracking_uri: s
     port = free_port()
     cmd = [sys.executable, "-m", "stages.cli", "gateway", "serve", "--router", name, "--workers", "2",
            "--port", str(port), "--tracking-uri", tracking_uri, "--pool-file", str(tmp_path / "pool.yaml"),
-           "--db-url", db_url, "--max-overhead-ms", "0"]  # budgets are the subject: a burst is not shed here
+           "--db-url", db_url, "--max-overhead-ms", "0",  # budgets are the subject: a burst is not shed here
+           "--max-queue-wait-s", "60"]
     log = open(tmp_path / "gateway.log", "wb")
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log,
                             stderr=subprocess.STDOUT)

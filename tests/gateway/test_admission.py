@@ -1,0 +1,207 @@
+"""gateway/admission.py and gateway/serving.py, driven deterministically: a fake clock for the waits and
+the adaptive limit, a loop blocked on purpose for the kernel's queue (no assertion on speed)."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+
+from gateway import admission
+from gateway.admission import (ADMITTED, INITIAL_LIMIT, MIN_LIMIT, OVERHEAD_MIN_SAMPLES, OVERHEAD_WINDOW_S,
+                               WORKER_CALLED, Admission, AdmissionMiddleware)
+from gateway.app import error_response
+from gateway.errors import RequestError
+from gateway.serving import ARRIVED, StampedHttpToolsProtocol, kernel_wait_s
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def refused(door: Admission, arrived_at: float | None = None) -> RequestError:
+    with pytest.raises(RequestError) as raised:
+        asyncio.run(door.acquire(arrived_at))
+    exc = raised.value
+    response = error_response(exc)
+    assert exc.status == 503 and exc.code == "overloaded" and response.status_code == 503
+    assert response.headers["retry-after"] == "1" and response.headers["retry-after-ms"] == "1000"
+    return exc
+
+
+def test_behind_a_standing_queue_a_request_that_waited_past_the_bound_is_refused_at_the_door():
+    clock = Clock()
+    door = Admission(max_queue_wait_s=0.02, clock=clock)
+    for _ in range(OVERHEAD_MIN_SAMPLES - 1):  # a burst that waited 30 ms each (the process descheduled): served
+        asyncio.run(door.acquire(clock.t - 0.03))
+    assert door.stats.admitted == OVERHEAD_MIN_SAMPLES - 1 and door.stats.shed == 0
+    refused(door, arrived_at=clock.t - 0.03)  # every request of the window waited: a standing queue
+    assert door.stats.shed_late == 1 and door.stats.admitted == OVERHEAD_MIN_SAMPLES - 1
+    asyncio.run(door.acquire(clock.t - 0.01))  # 10 ms: within the bound
+    refused(door, arrived_at=clock.t - 0.03)  # the window's smallest wait is 10 ms: still standing
+    asyncio.run(door.acquire(None))  # no stamp (another server): counted from the door, 0 ms
+    asyncio.run(door.acquire(clock.t - 0.03))  # a request that did not wait, in the window: no standing queue
+    clock.t += OVERHEAD_WINDOW_S * 1.5  # a new window, one late request in it: a burst, served
+    asyncio.run(door.acquire(clock.t - 0.03))
+    assert door.stats.shed_late == 2 and door.stats.admitted == OVERHEAD_MIN_SAMPLES + 3
+
+
+async def settle() -> None:
+    """Let every ready task run (a handed slot reaches its waiter through shield and wait_for)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def feed(door: Admission, clock: Clock, overhead_s: float) -> int:
+    """One full window of admitted requests with this overhead; the limit after it."""
+    clock.t += OVERHEAD_WINDOW_S
+    for _ in range(OVERHEAD_MIN_SAMPLES):
+        door.observe(overhead_s)
+    return door.limit
+
+
+def test_the_limit_shrinks_while_the_gateway_queues_and_grows_back_only_when_reached():
+    clock = Clock()
+    door = Admission(max_in_flight=64, max_queue=0, max_overhead_ms=5.0, clock=clock)
+    assert door.limit == INITIAL_LIMIT
+    assert feed(door, clock, 0.002) == INITIAL_LIMIT  # unloaded (the baseline) and never reached: unchanged
+    # 30 ms of overhead against a 2 + 5 ms target: the limit falls by at most half per window, to the floor
+    assert [feed(door, clock, 0.030) for _ in range(4)] == [8, 4, 2, MIN_LIMIT]
+    assert door.stats.overhead_ms == pytest.approx(30.0) and door.stats.baseline_overhead_ms == pytest.approx(2.0)
+
+    async def fill():
+        await door.acquire()
+        await door.acquire()
+
+    asyncio.run(fill())  # the limit's two slots taken; with no queue the third is refused
+    refused(door)
+    assert door.stats.shed_queue_full == 1 and door.stats.in_flight == 2
+    assert feed(door, clock, 0.003) == MIN_LIMIT + 1  # fast again, and reached: it grows (by its square root)
+    assert feed(door, clock, 0.003) == MIN_LIMIT + 1  # not reached since: it stays
+    door.release()
+    door.release()
+    assert door.stats.in_flight == 0
+
+
+def test_a_fixed_limit_without_a_target():
+    door = Admission(max_in_flight=3, max_queue=0)
+    for _ in range(3 * OVERHEAD_MIN_SAMPLES):
+        door.observe(1.0)
+    assert door.limit == 3
+
+
+def test_a_standing_queue_hands_slots_newest_first_and_waits_briefly():
+    clock = Clock()
+
+    async def scenario():
+        door = Admission(max_in_flight=1, max_queue=8, max_queue_wait_s=60.0, clock=clock)
+        await door.acquire()
+        order: list[str] = []
+
+        async def waiter(name: str):
+            await door.acquire()
+            order.append(name)
+
+        old, new = asyncio.create_task(waiter("old")), asyncio.create_task(waiter("new"))
+        await settle()
+        assert door.stats.waiting == 2
+        door.release()  # the queue formed just now: first in, first out
+        await settle()
+        assert order == ["old"]
+        newest = asyncio.create_task(waiter("newest"))
+        await settle()
+        clock.t += OVERHEAD_WINDOW_S  # not empty for a whole window: standing
+        door.release()
+        await settle()
+        assert order == ["old", "newest"]  # LIFO: the newest waiter, which has the most time left
+        # a new waiter on a standing queue waits a few ms at most, not max_queue_wait_s (60 s)
+        with pytest.raises(RequestError) as late:
+            await door.acquire()
+        assert late.value.status == 503 and door.stats.shed_queue_wait == 1
+        door.release()
+        await new
+        door.release()
+        assert door.stats.in_flight == 0 and door.stats.waiting == 0 and door.stats.queued == 3
+        await asyncio.gather(old, newest)
+
+    asyncio.run(scenario())
+
+
+def test_kernel_wait_is_read_from_tcp_info_and_zero_where_there_is_none():
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    client.sendall(b"hello")
+    time.sleep(0.2)  # the bytes sit unread in the kernel for at least this long
+    assert kernel_wait_s(server) >= 0.15  # the kernel's clock ticks in jiffies: a tick's rounding allowed
+    a, b = socket.socketpair()  # a Unix socket: no TCP_INFO
+    assert kernel_wait_s(a) == 0.0
+    for s in (listener, client, server, a, b):
+        s.close()
+
+
+def test_a_request_left_in_the_kernel_by_a_blocked_loop_is_refused_with_retry_after_on_an_open_connection(
+        monkeypatch):
+    """The first request blocks the server's event loop (as a starved process does not run it) while the
+    second one's bytes arrive: the second waits in the kernel, and the door sees that wait (TCP_INFO).
+    One request is taken as a window (the standing-queue test itself is the fake-clock test's)."""
+    monkeypatch.setattr(admission, "OVERHEAD_MIN_SAMPLES", 1)
+    door = Admission(max_queue_wait_s=0.1)
+    blocking, go = threading.Event(), threading.Event()
+    seen: dict[str, dict] = {}
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        state = scope["state"]
+        if scope["path"] == "/block":
+            blocking.set()
+            go.wait(30)  # blocks the loop: nothing is read meanwhile
+        state[WORKER_CALLED] = door.clock()
+        seen[scope["path"]] = dict(state)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(AdmissionMiddleware(app, door, paths=("/block", "/next")), http=StampedHttpToolsProtocol,
+                            log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    first, second = http.client.HTTPConnection("127.0.0.1", port), http.client.HTTPConnection("127.0.0.1", port)
+    try:
+        first.request("GET", "/block")
+        assert blocking.wait(30)
+        second.request("GET", "/next")  # connected by the kernel's backlog; its bytes wait in the kernel
+        time.sleep(0.2)  # at least this long: past the 0.1 s bound
+        go.set()
+        answer = first.getresponse()
+        assert answer.status == 200 and "wait;dur=" in answer.getheader("server-timing")
+        answer.read()
+        assert seen["/block"][ARRIVED] <= seen["/block"][ADMITTED]
+        shed = second.getresponse()
+        body = json.loads(shed.read())
+        assert shed.status == 503 and shed.getheader("retry-after") == "1" and body["error"]["code"] == "overloaded"
+        assert "waited" in body["error"]["message"] and door.stats.shed_late == 1
+        second.request("GET", "/next")  # the same connection, still open: now served
+        assert second.getresponse().status == 200 and door.stats.admitted == 2
+    finally:
+        go.set()
+        first.close()
+        second.close()
+        server.should_exit = True
+        thread.join(timeout=10)
