@@ -51,6 +51,8 @@ CACHE = REPO / ".routerops" / "k_workers"
 BUDGETS = (0.15, 0.50)
 BASELINES = ("random", "cascade", "knn", "logistic", "logistic_tfidf", "mf", "mlp", "ensemble", "mtrouter")
 NEW = ("cost_label", "cost_label_mlp", "calibrated", "calibrated_ensemble", "kcascade")
+# The routing literature's K-worker routers and the stacked ensembles (models/kworkers).
+LITERATURE = ("routerdc", "routerdc_cal", "embedllm", "graphrouter", "stacked", "stacked_all")
 
 
 def load_table(data_dir: Path) -> tuple[RoutingData, np.ndarray, str]:
@@ -191,7 +193,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--routers", nargs="+", default=[*BASELINES, *NEW])
+    parser.add_argument("--routers", nargs="+", default=[*BASELINES, *NEW, *LITERATURE])
     parser.add_argument("--refit", action="store_true", help="ignore cached predictions")
     parser.add_argument("--out", type=Path, default=RESULTS / "k_worker_routing.json")
     args = parser.parse_args(argv)
