@@ -63,6 +63,7 @@ def pick_contrast_sets(scores: torch.Tensor, k_pos: int, k_neg: int, generator: 
     """Boolean (n, w) masks of the K⁺ positives and K⁻ negatives of each query: the best- and
     worst-scoring LLMs, ties broken at random; an LLM is a positive only if it beats the query's
     worst score and a negative only if it trails its best (so no LLM is both)."""
+    k_pos, k_neg = min(k_pos, scores.shape[1]), min(k_neg, scores.shape[1])  # e.g. two workers: 1 and 1
     jitter = torch.rand(scores.shape, generator=generator) * 1e-3
     ranked = scores + jitter
     lo, hi = scores.min(dim=1, keepdim=True).values, scores.max(dim=1, keepdim=True).values

@@ -77,6 +77,9 @@ def test_contrast_sets_take_best_as_positives_and_worst_as_negatives():
     assert not pos[1].any() and not neg[1].any()  # all equal: nothing to contrast
     assert pos[2].tolist() == [True, False, True, False, True, False]  # strict ranking: the top 3
     assert neg[2].tolist() == [False, True, False, True, False, False]
+    two = torch.tensor([[1.0, 0.0], [0.0, 0.0]])  # two workers: K⁺ = K⁻ = 3 shrink to what there is
+    pos, neg = pick_contrast_sets(two, 3, 3, torch.Generator().manual_seed(0))
+    assert pos.tolist() == [[True, False], [False, False]] and neg.tolist() == [[False, True], [False, False]]
 
 
 def test_sample_llm_loss_falls_as_positives_move_closer():
