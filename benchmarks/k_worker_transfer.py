@@ -37,6 +37,7 @@ logged answer's length). Writes benchmarks/results/k_worker_transfer_gsm8k.json 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -230,7 +231,7 @@ def gsm8k_steps(args) -> int:
               "split": f"source/target by calculator steps in GSM8K's reference answer: ≤ {GSM8K_MAX_EASY_STEPS} vs more",
               "n": {"easy": int(easy.sum()), "hard": int((~easy).sum())}, "sample_fraction": args.sample, "seed": 0,
               "rows": rows, "apgr": apgr.reset_index().to_dict("records"),
-              "machine": "OMP/MKL 1 thread, nice 15, beside another CPU job"}
+              "machine": f"OMP/MKL 1 thread, nice {os.nice(0)}, beside another CPU job"}
     write_json_atomic(result, out)
     md = [f"APGR (Mixtral-8x7B vs GPT-4-1106) on RouteLLM's GSM8K table, fitted on problems with ≤ "
           f"{GSM8K_MAX_EASY_STEPS} calculator steps and scored on the rest (easy→hard), and the reverse; "
