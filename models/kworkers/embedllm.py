@@ -1,7 +1,7 @@
 """EmbedLLM: learned model embeddings trained on correctness prediction.
 
-Source: Zhuang, Liu, Wu, Zhang, Jiao, Gonzalez & Ramchandran, "EmbedLLM: Learning Compact
-Representations of Large Language Models", 2024 (arXiv 2410.02223), §3: each model m has a learned
+Source: Zhuang et al., "EmbedLLM: Learning Compact Representations of Large Language Models", 2024
+(arXiv 2410.02223), §3: each model m has a learned
 vector v_m; a question's sentence-transformer vector is projected by a linear layer to the same
 space; a linear classifier reads their element-wise product and predicts (correct, incorrect) with
 two logits under cross-entropy. The trained v_m are the "compact representations" the paper reuses

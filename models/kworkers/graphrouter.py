@@ -1,6 +1,6 @@
 """GraphRouter: routing as edge prediction on a heterogeneous task–query–LLM graph.
 
-Source: Feng, Shen & You, "GraphRouter: A Graph-based Router for LLM Selections", ICLR 2025
+Source: Feng et al., "GraphRouter: A Graph-based Router for LLM Selections", ICLR 2025
 (arXiv 2410.03834), §3: task, query and LLM nodes; task–query edges, and query–LLM edges whose
 features are the logged performance and cost of that LLM on that query; a heterogeneous GNN passes
 messages along both edge kinds (with the edge features) and an edge predictor scores the query–LLM

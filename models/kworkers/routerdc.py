@@ -3,13 +3,14 @@
 Source: Chen, Jiang, Lin, Kwok & Zhang, "RouterDC: Query-based router by dual contrastive learning
 for assembling large language models", NeurIPS 2024 (arXiv 2409.19886), §3:
 - the router scores LLM t on query x by sim(E(x), k_t), the cosine similarity of the encoded query
-  and a learned embedding k_t of the LLM (Eq. 2 turns the similarities into a softmax over LLMs);
-- sample-LLM contrastive loss (Eq. 4): for each of the K⁺ best-scoring LLMs t⁺ of a training query,
+  and a learned embedding k_t of the LLM; a softmax over the LLMs' similarities routes;
+- sample-LLM contrastive loss: for each of the K⁺ best-scoring LLMs t⁺ of a training query,
   −log e^{sim(x,k_t⁺)} / (e^{sim(x,k_t⁺)} + Σ_{t⁻∈K⁻} e^{sim(x,k_t⁻)}) against its K⁻ worst-scoring LLMs;
-- sample-sample contrastive loss (Eq. 5): queries are clustered (k-means on the frozen encoder's
+- sample-sample contrastive loss: queries are clustered (k-means on the frozen encoder's
   vectors), and each query is pulled towards one query of its own cluster and pushed from in-batch
   queries of other clusters, which the paper finds stabilises training;
-- the objective is L_sample-LLM + λ·L_sample-sample (λ = 1, K⁺ = K⁻ = 3 as the paper's defaults).
+- the objective is L_sample-LLM + λ·L_sample-sample (λ = 1, K⁺ = K⁻ = 3 as in the authors' training
+  script; 5 clusters, τ = 0.2, the step budget and learning rate are ours, untuned).
 
 What differs here, and why: the paper fine-tunes the whole mDeBERTa encoder E. No hub weights can be
 fetched on these machines and a transformer cannot be fine-tuned on 2 CPU cores in a benchmark's
@@ -20,7 +21,7 @@ positives among the best-scoring LLMs and K⁻ negatives among the worst at rand
 LLMs score the same teaches nothing and is skipped). Training stops on the sample-LLM loss of a
 validation fold carved out of the training queries (models/kworkers/validation.py).
 
-Quality: `output="softmax"` returns RouterDC's routing distribution (Eq. 2) per query; "calibrated"
+Quality: `output="softmax"` returns RouterDC's routing distribution per query; "calibrated"
 maps each LLM's similarity to P̂(correct) with isotonic regression fitted on the validation fold, so
 the expected-utility rule q̂ − λ·c weighs a probability against a price (CalibratedRouter's reason).
 """
@@ -73,7 +74,7 @@ def pick_contrast_sets(scores: torch.Tensor, k_pos: int, k_neg: int, generator: 
 
 
 def sample_llm_loss(sim: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, tau: float) -> torch.Tensor:
-    """RouterDC Eq. 4, averaged over (query, positive LLM) pairs of queries with ≥ 1 negative."""
+    """RouterDC's sample-LLM loss, averaged over (query, positive LLM) pairs of queries with ≥ 1 negative."""
     s = sim / tau
     neg_lse = torch.logsumexp(s.masked_fill(~neg, float("-inf")), dim=1, keepdim=True)  # (n, 1)
     pair = torch.logaddexp(s, neg_lse) - s  # −log e^{s⁺} / (e^{s⁺} + Σ e^{s⁻})
@@ -82,7 +83,7 @@ def sample_llm_loss(sim: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, tau
 
 
 def sample_sample_loss(e: torch.Tensor, e_pos: torch.Tensor, cluster: torch.Tensor, tau: float) -> torch.Tensor:
-    """RouterDC Eq. 5: each query against one query of its cluster (e_pos) and the in-batch queries
+    """RouterDC's sample-sample loss: each query against one query of its cluster (e_pos) and the in-batch queries
     of other clusters; anchors without an other-cluster query in the batch are skipped."""
     s_pos = (e * e_pos).sum(dim=1) / tau  # (b,)
     s_all = e @ e.T / tau  # (b, b)
@@ -180,7 +181,7 @@ class RouterDCRouter(Router):
             return np.stack([cal(sim[:, j]) for j, cal in enumerate(self.calibrators_)], axis=1)
         z = sim / self.tau
         z = np.exp(z - z.max(axis=1, keepdims=True))
-        return z / z.sum(axis=1, keepdims=True)  # RouterDC Eq. 2
+        return z / z.sum(axis=1, keepdims=True)  # RouterDC's routing distribution
 
 
 def _isotonic(p: np.ndarray, y: np.ndarray):

@@ -88,7 +88,7 @@ def test_sample_llm_loss_falls_as_positives_move_closer():
     near = sample_llm_loss(torch.tensor([[0.9, 0.0, -0.5]]), pos, neg, tau=0.2)
     far = sample_llm_loss(torch.tensor([[-0.5, 0.0, 0.9]]), pos, neg, tau=0.2)
     assert float(near) < float(far)
-    # Eq. 4 for one pair: −log e^{s⁺/τ} / (e^{s⁺/τ} + e^{s⁻/τ})
+    # the sample-LLM loss for one pair: −log e^{s⁺/τ} / (e^{s⁺/τ} + e^{s⁻/τ})
     expected = -np.log(np.exp(0.9 / 0.2) / (np.exp(0.9 / 0.2) + np.exp(-0.5 / 0.2)))
     assert abs(float(near) - expected) < 1e-5
 
