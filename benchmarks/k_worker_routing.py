@@ -1,6 +1,6 @@
 """Iso-cost table of every router family on LLMRouter's nine-model development table (issue 28).
 
-    cd <repo> && nice -n 5 env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 \\
+    cd <repo> && nice -n 15 env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 \\
         python benchmarks/k_worker_routing.py [--data ../shared/data] [--seeds 0 1 2] [--routers NAME ...]
 
 Protocol (fixed, seeded): `routerops import-llmrouter` splits the 5,608 queries by query into
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import platform
 import sys
 import time
@@ -51,6 +52,8 @@ CACHE = REPO / ".routerops" / "k_workers"
 BUDGETS = (0.15, 0.50)
 BASELINES = ("random", "cascade", "knn", "logistic", "logistic_tfidf", "mf", "mlp", "ensemble", "mtrouter")
 NEW = ("cost_label", "cost_label_mlp", "calibrated", "calibrated_ensemble", "kcascade")
+# The routing literature's K-worker routers and the stacked ensembles (models/kworkers).
+LITERATURE = ("routerdc", "routerdc_cal", "embedllm", "graphrouter", "stacked", "stacked_all")
 
 
 def load_table(data_dir: Path) -> tuple[RoutingData, np.ndarray, str]:
@@ -191,7 +194,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--routers", nargs="+", default=[*BASELINES, *NEW])
+    parser.add_argument("--routers", nargs="+", default=[*BASELINES, *NEW, *LITERATURE])
     parser.add_argument("--refit", action="store_true", help="ignore cached predictions")
     parser.add_argument("--out", type=Path, default=RESULTS / "k_worker_routing.json")
     args = parser.parse_args(argv)
@@ -241,7 +244,7 @@ def main(argv=None) -> int:
         "best_single": {"worker": data.workers[best], "accuracy": float(acc_t[best]), "usd_per_query": ref_test},
         "goal": {"acc_at_15_at_least": float(acc_t[best]), "acc_at_50_at_least": float(acc_t[best]) + 0.03},
         "rows": rows, "timings_s": timings,
-        "machine": {"python": platform.python_version(), "threads": "OMP/MKL 1, nice 5, beside another CPU job"},
+        "machine": {"python": platform.python_version(), "threads": f"OMP/MKL 1, nice {os.nice(0)}, beside another CPU job"},
         "command": "python benchmarks/k_worker_routing.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     write_json_atomic(result, args.out)

@@ -16,7 +16,9 @@ from models.baselines import (
     SingleWorker,
 )
 from models.embeddings import DEFAULT_MAX_SEQ
-from models.kworkers import CalibratedRouter, CostLabelRouter, KStepCascade
+from models.kworkers import (
+    CalibratedRouter, CostLabelRouter, EmbedLLMRouter, GraphRouter, KStepCascade, RouterDCRouter, StackedRouter,
+)
 from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.history import build_history_encoder
 from models.mtrouter.router import MTRouterRouter
@@ -83,6 +85,18 @@ ROUTER_FACTORIES: dict[str, RouterFactory] = {
     "calibrated": lambda seed: CalibratedRouter(base="logistic", seed=seed),
     "calibrated_ensemble": lambda seed: CalibratedRouter(base="logistic+knn", seed=seed),
     "kcascade": lambda seed: KStepCascade(seed=seed),
+    # The routing literature's K-worker routers (issue 28; models/kworkers): RouterDC (Chen et al. 2024)
+    # on the frozen query vectors, EmbedLLM (Zhuang et al. 2024), GraphRouter (Feng et al. 2025).
+    "routerdc": lambda seed: RouterDCRouter(output="softmax", seed=seed),
+    "routerdc_cal": lambda seed: RouterDCRouter(output="calibrated", seed=seed),
+    "embedllm": lambda seed: EmbedLLMRouter(seed=seed),
+    "graphrouter": lambda seed: GraphRouter(seed=seed),
+    # Stacked generalisation (Wolpert 1992) of the strongest estimators, level-1 weights per worker
+    # fitted on out-of-fold predictions of the training queries only.
+    # "stacked" takes the members the validation split preferred (benchmarks/k_worker_routing.py's val
+    # read-out, docs/routers/many-workers.md); "stacked_all" adds MTRouter and the literature's routers.
+    "stacked": lambda seed: StackedRouter(members=("knn", "logistic", "mlp", "mf"), seed=seed),
+    "stacked_all": lambda seed: StackedRouter(seed=seed),
 }
 
 
@@ -92,7 +106,9 @@ ROUTER_FACTORIES: dict[str, RouterFactory] = {
 FIT_COST: dict[str, float] = {"mtrouter": 35.0, "logistic_tfidf": 11.0, "mlp": 5.0, "mf": 3.0, "knn": 1.0,
                               "logistic": 1.0, "cascade": 1.0,
                               "cost_label": 2.0, "cost_label_mlp": 2.0, "calibrated": 1.0, "calibrated_ensemble": 2.0,
-                              "kcascade": 1.0}
+                              "kcascade": 1.0, "routerdc": 2.0, "routerdc_cal": 2.0, "embedllm": 3.0,
+                              "graphrouter": 10.0, "stacked": 60.0,
+                              "stacked_all": 200.0}
 
 
 def make_router(name: str, seed: int = 0) -> Router:
