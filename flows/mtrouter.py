@@ -15,9 +15,7 @@ from prefect import flow
 from routerops.layout import Layout
 from routerops.runlog import run_flow_logged
 from stages.mtrouter import check_run, load_run, resolved
-from tasks.stages import (
-    mt_ablations_task, mt_analyses_task, mt_collect_task, mt_evaluate_task, mt_register_task, mt_track_task,
-)
+from tasks.stages import TASKS
 
 
 @flow(name="mtrouter", log_prints=True)
@@ -25,12 +23,12 @@ def mtrouter_flow(params_file: str = "params.yaml", root: str = ".") -> Path:
     layout = Layout(Path(root))
     run = load_run(layout.resolve(params_file))
     check_run(resolved(run, layout))  # fail before any rollout on what would fail later
-    tasks, train = mt_collect_task(run, layout)
-    ablations = mt_ablations_task(run, layout, tasks, train)
-    evaluation = mt_evaluate_task(run, layout, tasks, train)
-    mt_analyses_task(run, layout, evaluation)
-    registry = mt_register_task(run, layout, tasks, train, evaluation)
-    runs = mt_track_task(run, layout, registry)
+    tasks, train = TASKS["mtrouter-collect"](run, layout)
+    ablations = TASKS["mtrouter-ablations"](run, layout, tasks, train)
+    evaluation = TASKS["mtrouter-evaluate"](run, layout, tasks, train)
+    TASKS["mtrouter-analyses"](run, layout, evaluation)
+    registry = TASKS["mtrouter-register"](run, layout, tasks, train, evaluation)
+    runs = TASKS["mtrouter-track"](run, layout, registry)
     print((layout.mtrouter_reports / "evaluation.md").read_text())
     print(ablations.read_text())
     return runs

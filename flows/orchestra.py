@@ -16,10 +16,7 @@ from prefect import flow
 from routerops.layout import Layout
 from routerops.runlog import run_flow_logged
 from stages.orchestra import check_run, load_run
-from tasks.stages import (
-    orchestra_baselines_task, orchestra_evaluate_task, orchestra_filter_task, orchestra_probe_task,
-    orchestra_register_task, orchestra_rl_task, orchestra_sft_task, orchestra_tasks_task, orchestra_teacher_task,
-)
+from tasks.stages import TASKS
 
 
 @flow(name="orchestra", log_prints=True)
@@ -27,15 +24,15 @@ def orchestra_flow(params_file: str = "params.yaml", root: str = ".") -> Path:
     layout = Layout(Path(root))
     run = load_run(layout.resolve(params_file))
     check_run(run, layout, layout.resolve(params_file))  # fail before any rollout on what would fail later
-    tasks = orchestra_tasks_task(run, layout)
-    baselines = orchestra_baselines_task(run, layout, tasks)
-    teacher = orchestra_teacher_task(run, layout, tasks)
-    probe = orchestra_probe_task(run, layout, tasks)
-    curriculum = orchestra_filter_task(run, layout, tasks, teacher, probe)
-    sft_adapter = orchestra_sft_task(run, layout, curriculum["sft"])
-    rl_adapter = orchestra_rl_task(run, layout, curriculum["rl"], sft_adapter)
-    results = orchestra_evaluate_task(run, layout, tasks, sft_adapter, rl_adapter, baselines)
-    registry = orchestra_register_task(run, layout, tasks, rl_adapter, results)
+    tasks = TASKS["orchestra-tasks"](run, layout)
+    baselines = TASKS["orchestra-baselines"](run, layout, tasks)
+    teacher = TASKS["orchestra-teacher"](run, layout, tasks)
+    probe = TASKS["orchestra-probe"](run, layout, tasks)
+    curriculum = TASKS["orchestra-filter"](run, layout, tasks, teacher, probe)
+    sft_adapter = TASKS["orchestra-sft"](run, layout, curriculum["sft"])
+    rl_adapter = TASKS["orchestra-rl"](run, layout, curriculum["rl"], sft_adapter)
+    results = TASKS["orchestra-evaluate"](run, layout, tasks, sft_adapter, rl_adapter, baselines)
+    registry = TASKS["orchestra-register"](run, layout, tasks, rl_adapter, results)
     print(layout.orchestra_results_markdown.read_text())
     return registry
 

@@ -21,26 +21,23 @@ from routerops.config import load_params
 from routerops.layout import Layout
 from routerops.run_summary import pipeline_summary
 from routerops.runlog import run_log
-from tasks.stages import (
-    collect_task, evaluate_task, grid_task, materialise_task, register_task, replay_task, reprice_task, routers_task,
-    track_task, validate_task,
-)
+from tasks.stages import TASKS
 
 
 @flow(name="routerops-pipeline", log_prints=True)
 def pipeline(params_file: str = "params.yaml", root: str = ".", record_in_dvc: bool = True) -> Path:
     layout = Layout(Path(root))
     params = load_params(layout.resolve(params_file))
-    tasks = materialise_task(params, layout)
-    raw = collect_task(params, layout, tasks)
-    priced = reprice_task(params, layout, raw)
-    validation = validate_task(params, layout, priced)
-    report = evaluate_task(params, layout, priced, validation)
-    grid = grid_task(params, layout, priced, tasks)
-    router_report = routers_task(params, layout, grid)
-    registry = register_task(params, layout, grid, router_report)
-    replay_report = replay_task(params, layout)
-    runs = track_task(params, layout, registry, replay_report["leaderboard"], report["leaderboard"])
+    tasks = TASKS["materialise"](params, layout)
+    raw = TASKS["collect"](params, layout, tasks)
+    priced = TASKS["reprice"](params, layout, raw)
+    validation = TASKS["validate"](params, layout, priced)
+    report = TASKS["evaluate"](params, layout, priced, validation)
+    grid = TASKS["grid"](params, layout, priced, tasks)
+    router_report = TASKS["routers"](params, layout, grid)
+    registry = TASKS["register"](params, layout, grid, router_report)
+    replay_report = TASKS["replay"](params, layout)
+    runs = TASKS["track"](params, layout, registry, replay_report["leaderboard"], report["leaderboard"])
     if record_in_dvc:
         record_outputs_in_dvc(layout.root)
     return runs

@@ -18,10 +18,7 @@ from prefect import flow
 from routerops.config import load_params
 from routerops.layout import Layout
 from stages.retrain import retrain_setup
-from tasks.stages import (
-    grid_task, materialise_task, register_task, reprice_task, retrain_collect_task, retrain_in_force_task,
-    retrain_retire_task, retrain_track_task, routers_task, validate_task,
-)
+from tasks.stages import TASKS
 
 TRIGGERS = ("manual", "schedule", "prices", "pool")
 
@@ -32,17 +29,17 @@ def retrain(params_file: str = "params.yaml", root: str = ".", trigger: str = "m
         raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
     repo = Layout(Path(root).resolve())
     params = load_params(repo.resolve(params_file))
-    now = retrain_in_force_task(params, repo, trigger)
+    now = TASKS["retrain-in-force"](params, repo, trigger)
     params, layout = retrain_setup(params, repo, now)
-    retired = retrain_retire_task(params, layout, now)
-    tasks = materialise_task(params, layout, wait_for=[retired])
-    raw = retrain_collect_task(params, layout, tasks, now)
-    priced = reprice_task(params, layout, raw)
-    validate_task(params, layout, priced)
-    grid = grid_task(params, layout, priced, tasks)
-    router_report = routers_task(params, layout, grid)
-    registry = register_task(params, layout, grid, router_report)
-    return retrain_track_task(params, layout, now, registry)
+    retired = TASKS["retrain-retire"](params, layout, now)
+    tasks = TASKS["materialise"](params, layout, wait_for=[retired])
+    raw = TASKS["retrain-collect-grid"](params, layout, tasks, now)
+    priced = TASKS["reprice"](params, layout, raw)
+    TASKS["validate"](params, layout, priced)
+    grid = TASKS["grid"](params, layout, priced, tasks)
+    router_report = TASKS["routers"](params, layout, grid)
+    registry = TASKS["register"](params, layout, grid, router_report)
+    return TASKS["retrain-track"](params, layout, now, registry)
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 FILE_FORMAT = "%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"
-# Prefect's run loggers: "Task run 'collect-trajectories' - Finished in state Completed()" and the
+# Prefect's run loggers: "Task run 'collect-0f3' - Finished in state Completed()" and the
 # prints of a flow run with log_prints; one line per stage.
 CONSOLE_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 

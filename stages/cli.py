@@ -1,5 +1,5 @@
 """Command line: `routerops run PIPELINE [--set KEY=VALUE]` (a whole pipeline; stages/run_command.py),
-`routerops stage NAME` (any stage of any pipeline; what dvc.yaml runs),
+`routerops stage NAME` (any stage of any pipeline; what dvc.yaml runs), `routerops dvc-yaml` (stages/dvc_yaml.py),
 `routerops replay`, `routerops reprice`, `routerops validate`, `routerops import-qa`,
 `routerops import-routellm`, `routerops import-llmrouter`, `routerops prices|pool publish FILE`, `routerops ope` (stages/ope_command.py),
 `routerops gateway serve|keys create` (gateway/cli.py).
@@ -22,7 +22,8 @@ from pathlib import Path
 from routerops.errors import InputError, RouteropsError
 from routerops.files import check_output
 from routerops.publishing import POOL, PRICES, published_event_name
-from stages import STAGES, resolve, run_stage
+from stages import resolve, run_stage, standalone_stages
+from stages.dvc_yaml import add_dvc_yaml_parser
 from stages.run_command import PIPELINES, add_run_parser
 
 
@@ -110,10 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_parser(sub)
     stage = sub.add_parser("stage", help="run one stage of any pipeline (as dvc.yaml does)")
-    stage.add_argument("name", choices=sorted(STAGES))
+    stage.add_argument("name", choices=standalone_stages())
     stage.add_argument("--params", default="params.yaml", help="relative to --root")
     stage.add_argument("--root", default=".", help="the Layout's root: where data/ and reports/ live")
     stage.set_defaults(func=stage_command)
+    add_dvc_yaml_parser(sub)
 
     reprice = sub.add_parser("reprice", help="re-price trajectories under another price book (no calls)")
     reprice.add_argument("--src", default="data/raw", help="folder with episodes.parquet and turns.parquet")

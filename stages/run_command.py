@@ -11,7 +11,6 @@ pipeline reads it. Values are YAML (`--set materialise.families='[gcd, lcm]'`).
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,31 +19,7 @@ import yaml
 from routerops import schema
 from routerops.errors import InputError
 from routerops.files import read_yaml_mapping
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    help: str
-    config: str  # "module:function" loading and checking the params file
-    flow: str = ""  # "module:function(params_file, root)"; "" runs `stages` in order
-    stages: tuple[str, ...] = ()
-
-
-PIPELINES = {
-    "main": Pipeline("collect → validate → evaluate → routers → register → replay → track (make demo)",
-                     "routerops.config:load_params", flow="flows.pipeline:run_with_summary"),
-    "mtrouter": Pipeline("MTRouter on ScienceWorld (paper 001; make mtrouter)", "stages.mtrouter:load_run",
-                         flow="flows.mtrouter:run_with_log"),
-    "orchestra": Pipeline("the LM orchestrator: teacher → filter → SFT → RL → evaluate → register (paper 004; "
-                          "make orchestra)", "stages.orchestra.config:load_run", flow="flows.orchestra:run_with_log"),
-    "critique": Pipeline("critique-and-route and CoRL, MLP controllers (papers 002, 003; make critique)",
-                         "models.critique.config:load_critique_config", stages=("critique",)),
-    "critique-lm": Pipeline("the LM critique / CoRL controller, then registration (make critique-lm)",
-                            "models.critique.lm_config:load_critique_lm_config",
-                            stages=("critique-lm", "critique-lm-register")),
-    "retrain": Pipeline("retrain on the published prices and pool, then the gate (make retrain)",
-                        "routerops.config:load_params", flow="flows.retrain:retrain"),
-}
+from stages.declarations import PIPELINES, Pipeline  # declared with their stages there
 
 
 def add_run_parser(sub) -> None:

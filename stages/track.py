@@ -9,10 +9,12 @@ from evaluation.tracking import log_pipeline_runs
 from routerops import schema
 from routerops.config import Params
 from routerops.layout import Layout
+from stages.declarations import PIPELINES
 from stages.routers import inputs_in_force
 
-PIPELINE_STAGES = ["materialise", "collect", "reprice", "validate", "evaluate", "grid", "routers", "register", "replay"]
-MTROUTER_STAGES = ["mtrouter-collect", "mtrouter-ablations", "mtrouter-evaluate", "mtrouter-analyses", "mtrouter-register"]
+# The stages whose manifests a track stage logs: every stage its pipeline declares before it.
+PIPELINE_STAGES = [s for s in PIPELINES["main"].stages if s != "track"]
+MTROUTER_STAGES = [s for s in PIPELINES["mtrouter"].stages if s != "mtrouter-track"]
 
 
 def track(params: Params, layout: Layout, *upstream: Path) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from routerops.layout import Layout
-from stages import STAGES
+from stages import PIPELINES, STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 DVC_FILES = [ROOT / "dvc.yaml", *(ROOT / f"pipelines/{name}/dvc.yaml" for name in ("mtrouter", "orchestra", "critique"))]
@@ -19,12 +19,16 @@ def declared(entries) -> set[str]:
 
 
 def test_every_dvc_stage_is_routerops_stage_name():
+    """Every dvc.yaml stage runs a registered stage, and every stage except the retrain's (which runs in
+    its own workspace under the prices in force: flows/retrain.py) is in one dvc.yaml."""
     names = []
     for path in DVC_FILES:
         for name, stage in yaml.safe_load(path.read_text())["stages"].items():
             assert stage["cmd"] == f"routerops stage {name}", (path, name)
             names.append(name)
-    assert sorted(names) == sorted(STAGES)
+    retrain_only = set(PIPELINES["retrain"].stages) - {s for p in PIPELINES.values() if p.dvc_file for s in p.stages}
+    assert retrain_only == {"retrain-in-force", "retrain-retire", "retrain-collect-grid", "retrain-track"}
+    assert sorted(names) == sorted(set(STAGES) - retrain_only)
 
 
 def test_dvc_outputs_are_layout_paths():

@@ -9,7 +9,9 @@ import logging
 
 import pytest
 
-from tasks.stages import orchestra_sft_task
+from tasks.stages import TASKS
+
+orchestra_sft_task = TASKS["orchestra-sft"]
 
 
 def test_the_sft_task_keeps_its_prints_whatever_the_flow_says():
