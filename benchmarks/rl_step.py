@@ -206,7 +206,7 @@ def measure_ours(args, folder: Path, shared: dict) -> dict:
     else:
         controller = FixedLengthController(trainer.model, trainer.tokenizer, generation, name="policy")
     steps = {"step": [], "generate": [], "update": [], "batch": [], "optimise": []}
-    tokens, agreement, drift = [], [], []
+    tokens, agreement = [], []
     with PeakRSS() as peak:
         for n in range(args.warmup + args.steps):
             started = time.perf_counter()
@@ -221,7 +221,8 @@ def measure_ours(args, folder: Path, shared: dict) -> dict:
             if args.side != "before" and n == 0:
                 agreement.append(logprob_agreement(controller, trainer, prompt, args.group_size))
             # As the stage does: old log-probs recomputed (exact ρ = 1 at the update), the sampler's kept
-            # for the truncated importance weights.
+            # for the truncated importance weights (here they also see the forced lengths' masked
+            # end-of-turn tokens; the free-sample agreement is `logprob_max_abs_diff`).
             batch = batch.with_sampler_logprobs()
             built = time.perf_counter()
             stats = trainer.step(batch)  # as the stage: old log-probs from the update's own forward pass
@@ -231,7 +232,6 @@ def measure_ours(args, folder: Path, shared: dict) -> dict:
             log.info("ours step %d: %.2f s (generate %.2f, batch %.2f, step %.2f), loss %.4f", n + 1,
                      done - started, generated - started, built - generated, done - built, stats["loss"])
             if n >= args.warmup:
-                drift.append({k: stats[k] for k in ("sampler_drift", "sampler_drift_max", "tis_weight") if k in stats})
                 for key, seconds in (("step", done - started), ("generate", generated - started),
                                      ("update", done - generated), ("batch", built - generated),
                                      ("optimise", done - built)):
@@ -239,7 +239,7 @@ def measure_ours(args, folder: Path, shared: dict) -> dict:
                 tokens.append({"sequence": int(batch.attention_mask.sum(dim=1).max()),
                                "trained": batch.controller_tokens})
     return {"steps": steps, "prompt_tokens": prompt_tokens, "tokens": tokens, "rss_after_load_mib": after_load,
-            "peak_rss_mib": round(peak.peak / 2**20, 1), "logprob_max_abs_diff": agreement, "sampler_drift": drift}
+            "peak_rss_mib": round(peak.peak / 2**20, 1), "logprob_max_abs_diff": agreement}
 
 
 def logprob_agreement(sampler, trainer, prompt: list[dict], group_size: int) -> float:
@@ -418,11 +418,10 @@ def main(argv: list[str] | None = None) -> int:
         "model": model.name, "settings": shared, "order": run_order(args.rounds),
         "ours": {"trainer": f"models/orchestrator/rl.py RLTrainer.step with LlamaCppSampler generation "
                             f"({shared['rollout_weights']} weights)",
-                 "logprob_max_abs_diff": max(d for r in runs["ours"] for d in r["logprob_max_abs_diff"]),
-                 "sampler_drift": [d for r in runs["ours"] for d in r["sampler_drift"]], **ours},
+                 "logprob_max_abs_diff": max(d for r in runs["ours"] for d in r["logprob_max_abs_diff"]), **ours},
         "ours_f32": {"trainer": "models/orchestrator/rl.py RLTrainer.step with LlamaCppSampler generation (f32 weights)",
                      "logprob_max_abs_diff": max(d for r in runs["ours_f32"] for d in r["logprob_max_abs_diff"]),
-                     "sampler_drift": [d for r in runs["ours_f32"] for d in r["sampler_drift"]], **ours_f32},
+                     **ours_f32},
         "fast": {"trainer": "models/orchestrator/rl.py RLTrainer.step with FastSampler generation",
                  "logprob_max_abs_diff": max(d for r in runs["fast"] for d in r["logprob_max_abs_diff"]), **fast},
         "before": {"trainer": "models/orchestrator/rl.py RLTrainer.step with LMController (transformers generate)",
