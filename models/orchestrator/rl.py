@@ -759,8 +759,11 @@ class RLTrainer:
         self.step_count += 1
         weights = [n / total for n in tokens]
         mean = lambda values: float(sum(w * v for w, v in zip(weights, values)))  # noqa: E731
-        stats = {k: mean([p[1][k] for p in parts]) for k in parts[0][1]}
-        stats["tokens"] = float(sum(p[1]["tokens"] for p in parts))
+        # The sampler's drift is known on a minibatch only where its turns gave log-probs: kept when all did.
+        stats = {k: mean([p[1][k] for p in parts]) for k in parts[0][1] if all(k in p[1] for p in parts)}
+        for count in ("tokens", "sampler_tokens"):  # counts add up; the rest are token-weighted means
+            if count in stats:
+                stats[count] = float(sum(p[1][count] for p in parts))
         return {"loss": mean([p[0] for p in parts]), **stats, "grad_norm": float(grad_norm),
                 "logprob": mean([p[2] for p in parts]), "step": float(self.step_count),
                 "seconds": time.perf_counter() - started}
