@@ -49,11 +49,14 @@ def test_cheapest_correct_label_breaks_price_ties_by_strength_and_falls_back_to_
     assert cheapest_correct_labels(scores, costs).tolist() == [2, 2, 0, 0, 2]
 
 
-def separable_table(n: int = 200, seed: int = 0) -> RoutingData:
+def separable_table(n: int = 200, seed: int = 0, clustered: bool = False) -> RoutingData:
     """The cheap worker is right exactly when the first embedding coordinate is positive; the dear
-    one always; the middle two never: the cheapest correct worker is a function of the query."""
+    one always; the middle two never: the cheapest correct worker is a function of the query.
+    clustered: the queries form two clear groups on that coordinate, as real query sets form topics."""
     rng = np.random.default_rng(seed)
     emb = rng.normal(size=(n, 8)).astype(np.float32)
+    if clustered:
+        emb[:, 0] = np.where(rng.random(n) < 0.5, -2.0, 2.0) + 0.5 * emb[:, 0]
     scores = np.zeros((n, 4))
     scores[:, 0] = emb[:, 0] > 0
     scores[:, 3] = 1.0

@@ -16,25 +16,15 @@ from models.kworkers import EmbedLLMRouter, GraphRouter, RouterDCRouter
 from models.kworkers.routerdc import pick_contrast_sets, sample_llm_loss, sample_sample_loss
 from models import registry
 from models.kworkers.stacked import StackedRouter
+from tests.models.test_kworkers import separable_table as kworkers_table
 
 LITERATURE = ["routerdc", "routerdc_cal", "embedllm", "graphrouter"]
-PRICES = np.array([0.1, 0.2, 0.2, 0.9])
 
 
 def separable_table(n: int = 240, seed: int = 0) -> RoutingData:
-    """Worker 0 (cheap) is right exactly when the first embedding coordinate is positive, worker 3
-    (dear) always, the middle two never: who to call is a function of the query. The queries form two
-    clear groups on that coordinate, as real query sets form topics (RouterDC's sample-sample loss
-    assumes clusters; on isotropic noise it would pull the embedding towards arbitrary ones)."""
-    rng = np.random.default_rng(seed)
-    emb = rng.normal(size=(n, 8)).astype(np.float32)
-    emb[:, 0] = np.where(rng.random(n) < 0.5, -2.0, 2.0) + 0.5 * emb[:, 0]
-    scores = np.zeros((n, 4))
-    scores[:, 0] = emb[:, 0] > 0
-    scores[:, 3] = 1.0
-    return RoutingData(query_ids=[f"q{i}" for i in range(n)], queries=[f"query {i}" for i in range(n)],
-                       workers=["w0", "w1", "w2", "w3"], scores=scores, costs=np.tile(PRICES, (n, 1)) * 1e-6,
-                       embeddings=emb)
+    """test_kworkers' table with its queries in two clear groups (RouterDC's sample-sample loss assumes
+    clusters; on isotropic noise it would pull the embedding towards arbitrary ones)."""
+    return kworkers_table(n, seed, clustered=True)
 
 
 FACTORIES = dict(registry.ROUTER_FACTORIES)  # before any test swaps in the short-training ones
