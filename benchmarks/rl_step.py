@@ -41,7 +41,6 @@ Writes benchmarks/results/rl_step.json.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import json
 import logging
@@ -164,8 +163,6 @@ def settings_of(args) -> dict:
 def measure_ours(args, folder: Path, shared: dict) -> dict:
     """Warm-up + measured steps of RLTrainer with the side's sampler (module docstring): LlamaCppSampler
     for "ours", FastSampler for "fast", LMController's generate for "before"."""
-    import torch
-
     from models.orchestrator.advantages import group_normalised
     from models.orchestrator.config import GenerationSettings
     from models.orchestrator.lm import LMController, base_gguf
