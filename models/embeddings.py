@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from models.pretrained import one_load_at_a_time
 from routerops.errors import InputError
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -287,7 +288,8 @@ class SentenceEncoder:
             from sentence_transformers import SentenceTransformer
 
             path = self.model_path or bundled_minilm_path()
-            model = SentenceTransformer(str(path), device=self.device)
+            with one_load_at_a_time():
+                model = SentenceTransformer(str(path), device=self.device)
             if self.max_seq_length is not None:
                 model.max_seq_length = int(self.max_seq_length)
             if self.backend == "torch-int8":
@@ -432,7 +434,8 @@ def _export_fp32(model_dir: Path, out: Path) -> None:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # Eager attention traces to plain MatMul/Softmax ops the optimiser fuses into one Attention op.
-    st = SentenceTransformer(str(model_dir), device="cpu", model_kwargs={"attn_implementation": "eager"}).eval()
+    with one_load_at_a_time():
+        st = SentenceTransformer(str(model_dir), device="cpu", model_kwargs={"attn_implementation": "eager"}).eval()
     # Two texts of different length, so the traced graph keeps the padding-mask path.
     sample = st.tokenizer(["a short text", "a somewhat longer text to force padding in the traced batch"],
                           padding=True, return_tensors="pt")

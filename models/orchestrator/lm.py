@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 
 from models.embeddings import default_cache_dir
 from models.orchestrator.config import DeviceUnavailable, GenerationSettings, ModelSpec
+from models.pretrained import one_load_at_a_time
 from routerops.errors import InputError, RouteropsError
 from routerops.orchestra.controller import ControllerTurn, Message
 
@@ -101,9 +102,10 @@ def convert_gguf(gguf: Path, folder: Path, source: dict[str, str]) -> None:
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     # dequantize=True: dense torch weights, trainable and serialisable (packed GGUF blocks are neither).
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
-        quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True))
+    with one_load_at_a_time():
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+            quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True))
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -149,7 +151,8 @@ def load_tokenizer(folder: Path) -> Any:
 
 def load_causal_lm(folder: Path, dtype: str, device: str, attn_implementation: str | None = None) -> PreTrainedModel:
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), **kwargs)
+    with one_load_at_a_time():
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), **kwargs)
     return model.to(device)
 
 
