@@ -20,7 +20,8 @@ The best single model is the most accurate on test (ties: cheaper); the oracle (
 worker, its λ swept) bounds every router. Query vectors: the shared MiniLM encoder (128-token
 window), embedded once into the on-disk SQLite cache (models/embeddings.py). Predictions are cached
 per (router, seed) under .routerops/k_workers/, so a rerun only fits what changed (--refit to redo).
-Writes benchmarks/results/k_worker_routing.json and .md.
+Writes benchmarks/results/k_worker_routing.json and .md; --update keeps the rows of the routers not
+named in --routers from the earlier run (same table, split and seeds), so one family can be added alone.
 """
 
 from __future__ import annotations
