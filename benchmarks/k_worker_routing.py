@@ -204,6 +204,12 @@ def updated(result: dict, path: Path) -> dict:
     if any(old.get(k) != result[k] for k in same):
         raise SystemExit(f"--update: {path} was run on another table, split or seeds ({same}); rerun without it")
     rows = {**old["rows"], **result["rows"]}
+    # The table's order, whatever order the JSON kept: single models, the oracle, then the routers as
+    # the full run lists them (BASELINES, NEW, LITERATURE, LEXICAL), then any other.
+    listed = ["oracle", *BASELINES, *NEW, *LITERATURE, *LEXICAL]
+    rank = {**{f"single:{w}": i - len(result["workers"]) for i, w in enumerate(result["workers"])},
+            **{name: i for i, name in enumerate(listed)}}
+    rows = dict(sorted(rows.items(), key=lambda kv: rank.get(kv[0], len(listed))))
     timings = {**old.get("timings_s", {}), **result["timings_s"]}
     commands = [*old.get("commands", [old["command"]]), result["command"]]
     return {**result, "rows": rows, "timings_s": timings, "commands": commands}

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from evaluation.replay import run_replay_benchmark
 from evaluation.serving import ServedRouter
 from models import registry
 from models.base import RoutingData
@@ -155,3 +156,14 @@ def test_lexical_routers_register_and_serve_the_same_decisions(name, split, tmp_
     loaded = ServedRouter.load(served.save(tmp_path / name))
     np.testing.assert_array_equal(loaded.quality(test), served.quality(test))
     np.testing.assert_allclose(served.quality(test), router.predict_quality(test))
+
+
+def test_lexical_routers_run_through_the_replay_harness(split):
+    """The harness cross-fits by name and averages an ensemble's members' own predictions."""
+    train, test = split
+    names = ["knn", "lexical", "knn_lexical", "lexical_ensemble"]
+    board = run_replay_benchmark(test, None, names, seeds=(0,), n_boot=0, progress=False, train=train, n_jobs=1,
+                                 include_singles=True).set_index("router")
+    for name in names:
+        assert np.isfinite(board.loc[name, "aiq"]), name
+    assert board.loc["lexical", "best_accuracy"] >= 0.95  # the words tell who is right
