@@ -20,7 +20,8 @@ The best single model is the most accurate on test (ties: cheaper); the oracle (
 worker, its λ swept) bounds every router. Query vectors: the shared MiniLM encoder (128-token
 window), embedded once into the on-disk SQLite cache (models/embeddings.py). Predictions are cached
 per (router, seed) under .routerops/k_workers/, so a rerun only fits what changed (--refit to redo).
-Writes benchmarks/results/k_worker_routing.json and .md.
+Writes benchmarks/results/k_worker_routing.json and .md; --update keeps the rows of the routers not
+named in --routers from the earlier run (same table, split and seeds), so one family can be added alone.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ BASELINES = ("random", "cascade", "knn", "logistic", "logistic_tfidf", "mf", "ml
 NEW = ("cost_label", "cost_label_mlp", "calibrated", "calibrated_ensemble", "kcascade")
 # The routing literature's K-worker routers and the stacked ensembles (models/kworkers).
 LITERATURE = ("routerdc", "routerdc_cal", "embedllm", "graphrouter", "stacked", "stacked_all")
+# Whole-query lexical features (models/kworkers/lexical.py): TF-IDF word + character n-grams.
+LEXICAL = ("lexical", "knn_lexical", "lexical_ensemble", "stacked_lexical")
 
 
 def load_table(data_dir: Path) -> tuple[RoutingData, np.ndarray, str]:
@@ -190,13 +193,37 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def updated(result: dict, path: Path) -> dict:
+    """`result` with the rows, timings and commands of an earlier run at `path` that it did not redo,
+    so one router family can be added without refitting the others. Refused unless the earlier run
+    read the same table, split sizes, seeds and best single model (its rows would not be comparable)."""
+    if not path.is_file():
+        return result
+    old = json.loads(path.read_text())
+    same = ("price_book", "workers", "seeds", "n", "best_single")
+    if any(old.get(k) != result[k] for k in same):
+        raise SystemExit(f"--update: {path} was run on another table, split or seeds ({same}); rerun without it")
+    rows = {**old["rows"], **result["rows"]}
+    # The table's order, whatever order the JSON kept: single models, the oracle, then the routers as
+    # the full run lists them (BASELINES, NEW, LITERATURE, LEXICAL), then any other.
+    listed = ["oracle", *BASELINES, *NEW, *LITERATURE, *LEXICAL]
+    rank = {**{f"single:{w}": i - len(result["workers"]) for i, w in enumerate(result["workers"])},
+            **{name: i for i, name in enumerate(listed)}}
+    rows = dict(sorted(rows.items(), key=lambda kv: rank.get(kv[0], len(listed))))
+    timings = {**old.get("timings_s", {}), **result["timings_s"]}
+    commands = [*old.get("commands", [old["command"]]), result["command"]]
+    return {**result, "rows": rows, "timings_s": timings, "commands": commands}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--routers", nargs="+", default=[*BASELINES, *NEW, *LITERATURE])
+    parser.add_argument("--routers", nargs="+", default=[*BASELINES, *NEW, *LITERATURE, *LEXICAL])
     parser.add_argument("--refit", action="store_true", help="ignore cached predictions")
     parser.add_argument("--out", type=Path, default=RESULTS / "k_worker_routing.json")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the rows of --out's routers not run now (same table, split and seeds only)")
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
@@ -247,6 +274,8 @@ def main(argv=None) -> int:
         "machine": {"python": platform.python_version(), "threads": f"OMP/MKL 1, nice {os.nice(0)}, beside another CPU job"},
         "command": "python benchmarks/k_worker_routing.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
+    if args.update:
+        result = updated(result, args.out)
     write_json_atomic(result, args.out)
     write_text_atomic(markdown(result), args.out.with_suffix(".md"))
     print(markdown(result))

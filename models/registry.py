@@ -17,7 +17,8 @@ from models.baselines import (
 )
 from models.embeddings import DEFAULT_MAX_SEQ
 from models.kworkers import (
-    CalibratedRouter, CostLabelRouter, EmbedLLMRouter, GraphRouter, KStepCascade, RouterDCRouter, StackedRouter,
+    CalibratedRouter, CostLabelRouter, EmbedLLMRouter, GraphRouter, KStepCascade, LexicalKNNRouter,
+    LexicalLogisticRouter, RouterDCRouter, StackedRouter,
 )
 from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.history import build_history_encoder
@@ -32,6 +33,9 @@ RouterFactory = Callable[[int], Router]
 ENSEMBLES: dict[str, tuple[str, ...]] = {
     # Every learned one-call baseline: kNN, logistic (embedding ⊕ TF-IDF), MLP and MF.
     "ensemble": ("knn", "logistic_tfidf", "mlp", "mf"),
+    # kNN on the sentence vectors, the lexical logistic and kNN on TF-IDF (issue 28; members chosen on
+    # the validation split of the nine-model table, docs/routers/many-workers.md).
+    "lexical_ensemble": ("knn", "lexical", "knn_lexical"),
 }
 
 
@@ -97,6 +101,13 @@ ROUTER_FACTORIES: dict[str, RouterFactory] = {
     # read-out, docs/routers/many-workers.md); "stacked_all" adds MTRouter and the literature's routers.
     "stacked": lambda seed: StackedRouter(members=("knn", "logistic", "mlp", "mf"), seed=seed),
     "stacked_all": lambda seed: StackedRouter(seed=seed),
+    # Whole-query lexical features (issue 28; models/kworkers/lexical.py): per-worker logistic on TF-IDF
+    # word + character n-grams ⊕ MiniLM ⊕ surface markers (RouterBench's predictive router), kNN on
+    # TF-IDF cosine, their equal-weight mean with kNN, and a stack of the same three.
+    "lexical": lambda seed: LexicalLogisticRouter(seed=seed),
+    "knn_lexical": lambda seed: LexicalKNNRouter(),
+    "lexical_ensemble": functools.partial(_ensemble, name="lexical_ensemble"),
+    "stacked_lexical": lambda seed: StackedRouter(members=ENSEMBLES["lexical_ensemble"], seed=seed),
 }
 
 
@@ -108,7 +119,8 @@ FIT_COST: dict[str, float] = {"mtrouter": 35.0, "logistic_tfidf": 11.0, "mlp": 5
                               "cost_label": 2.0, "cost_label_mlp": 2.0, "calibrated": 1.0, "calibrated_ensemble": 2.0,
                               "kcascade": 1.0, "routerdc": 2.0, "routerdc_cal": 2.0, "embedllm": 3.0,
                               "graphrouter": 10.0, "stacked": 60.0,
-                              "stacked_all": 200.0}
+                              "stacked_all": 200.0, "lexical": 3.0, "knn_lexical": 2.0, "lexical_ensemble": 6.0,
+                              "stacked_lexical": 24.0}
 
 
 def make_router(name: str, seed: int = 0) -> Router:

@@ -43,7 +43,7 @@ class KNNRouter(Router):
         return self
 
     def _tune_k(self) -> int:
-        n = len(self.unit_train_)
+        n = self.unit_train_.shape[0]  # shape, not len: a subclass may hold sparse rows
         grid = sorted({min(k, n - 1) for k in self.k_grid})
         kmax = grid[-1]
         tune = np.arange(n)
