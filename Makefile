@@ -19,7 +19,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: install sandbox-backend demo storage test test-fast mlflow-ui prefect-ui serve retrain benchmarks bench-rl replay critique critique-lm mtrouter orchestra clean
+.PHONY: install sandbox-backend demo storage test test-fast coverage mlflow-ui prefect-ui serve retrain benchmarks bench-rl replay critique critique-lm mtrouter orchestra clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,11 +51,20 @@ demo: install
 storage: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m services.s3
 
+# Two worker processes, a test module to one worker (--dist loadscope: a module's servers and stores
+# are set up once); each worker has its own Prefect home (tests/conftest.py). docs/operations/tests.md.
+PYTEST_WORKERS ?= 2
 test: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope
 
+# The inner loop: unit tests only, no server, subprocess pipeline or model training (marked slow/e2e).
 test-fast: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not slow and not e2e"
+
+# `make test` with line coverage of the project's packages ([tool.coverage] in pyproject.toml).
+coverage: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope \
+		--cov --cov-report=term --cov-report=json:coverage.json
 
 mlflow-ui: install
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow/mlflow.db \

@@ -34,14 +34,12 @@ def workdir(flow_workdir, tmp_path, monkeypatch):
     return flow_workdir("mtrouter", MTROUTER, "mtrouter-flow-test")
 
 
-def test_mtrouter_flow_end_to_end(workdir):
+def test_mtrouter_flow_end_to_end(workdir, prefect_api):
     import mlflow
-    from prefect.testing.utilities import prefect_test_harness
 
     from flows.mtrouter import mtrouter_flow
 
-    with prefect_test_harness(server_startup_timeout=300):
-        run_ids = json.loads(mtrouter_flow(params_file="params.yaml").read_text())
+    run_ids = json.loads(mtrouter_flow(params_file="params.yaml").read_text())
 
     report = workdir / "reports/mtrouter"
     ablations = (report / "ablations.md").read_text()

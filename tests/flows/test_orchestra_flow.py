@@ -41,16 +41,14 @@ def workdir(flow_workdir, monkeypatch):
     return flow_workdir("orchestra", ORCHESTRA, "orchestra-flow-test")
 
 
-def test_orchestra_flow_end_to_end(workdir):
+def test_orchestra_flow_end_to_end(workdir, prefect_api):
     import mlflow
-    from prefect.testing.utilities import prefect_test_harness
 
     from flows.orchestra import orchestra_flow
     from routerops.envs.suites import read_tasks
     from routerops.orchestra.modes import MODES
 
-    with prefect_test_harness(server_startup_timeout=300):
-        registry = json.loads(orchestra_flow(params_file="params.yaml").read_text())
+    registry = json.loads(orchestra_flow(params_file="params.yaml").read_text())
 
     tasks = read_tasks(workdir / "data/orchestra/tasks.jsonl")
     by_split = {s: {t.task_id for t in tasks if t.split == s} for s in ("train", "val", "test", "ood")}

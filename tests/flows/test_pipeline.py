@@ -112,14 +112,13 @@ def the_auditor_reproduces_the_committed_reports(team: Path, auditor: Path, seaw
     assert git(auditor, "status", "--porcelain", "--untracked-files=no") == ""  # dvc.lock too
 
 
-def test_flow_then_dvc_repro_then_audit_then_price_change(project, seaweedfs, tmp_path, monkeypatch, caplog, capsys):
-    from prefect.testing.utilities import prefect_test_harness
-
+def test_flow_then_dvc_repro_then_audit_then_price_change(project, seaweedfs, prefect_api, tmp_path, monkeypatch, caplog,
+                                                          capsys):
     from flows.pipeline import run_with_summary
     from routerops.layout import Layout
     from routerops.run_summary import pipeline_summary
 
-    with prefect_test_harness(server_startup_timeout=300), caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO):
         run_ids = json.loads(run_with_summary().read_text())  # what `routerops run main` (make demo) runs
     assert "Routers on real model outcomes" in capsys.readouterr().out  # the closing summary is printed
     # A run that speaks (issue 26): nothing logged as an error, no traceback (the collection's HTTP

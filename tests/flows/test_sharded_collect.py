@@ -64,16 +64,6 @@ def cluster():
             yield local, client
 
 
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory):
-    from prefect.testing.utilities import prefect_test_harness
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PREFECT_HOME", str(tmp_path_factory.mktemp("prefect")))
-        with prefect_test_harness(server_startup_timeout=300):
-            yield
-
-
 def run_collect_task(params, layout: Layout, tasks: Path):
     from prefect import flow
 

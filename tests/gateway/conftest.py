@@ -1,5 +1,6 @@
-"""Shared gateway fixtures: the real llama.cpp server (SmolLM2) behind the pool's LLM workers, a real
-MLflow registry in a temp SQLite store, and gateways served by uvicorn in a thread."""
+"""Shared gateway fixtures: a real MLflow registry in a temp SQLite store and gateways served by
+uvicorn in a thread; the real llama.cpp server (SmolLM2) behind the pool's LLM workers is the
+session's `llm_url` (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,6 @@ import os
 import pytest
 
 from routerops.config import TrackConfig
-from routerops.workers.server import local_llm_server
-
-
-@pytest.fixture(scope="session")
-def llm_url():
-    with local_llm_server(n_ctx=512) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

@@ -236,16 +236,13 @@ def test_cross_fitted_learned_router_beats_random_on_synthetic(table):
 
 
 @pytest.mark.slow
-def test_prompted_llm_router_against_the_local_server(table):
+def test_prompted_llm_router_against_the_local_server(table, llm_url):
     """SmolLM2 on the embedded llama.cpp server picks workers; whatever it replies, every query gets
     exactly one worker, and replies it could not parse fall back to the cheapest and are counted."""
-    from routerops.workers.server import local_llm_server
-
     data = table.subset(np.arange(8))
-    with local_llm_server() as base_url:
-        router = PromptedLLMRouter(base_url=base_url).fit(table)
-        quality = router.predict_quality(data)
-        again = router.predict_quality(data)  # answered from the router's cache, no new call
+    router = PromptedLLMRouter(base_url=llm_url).fit(table)
+    quality = router.predict_quality(data)
+    again = router.predict_quality(data)  # answered from the router's cache, no new call
     np.testing.assert_array_equal(quality.sum(axis=1), 1.0)
     np.testing.assert_array_equal(quality, again)
     assert router.calls == len(set(data.queries))

@@ -18,7 +18,6 @@ from routerops.rollout import collect, prompt_token_bound
 from routerops.types import Task
 from routerops.workers import build_workers
 from routerops.workers.chaos import FaultProxy
-from routerops.workers.server import local_llm_server
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET, TURN_LIMIT = 0.01, 3
@@ -43,17 +42,16 @@ def faulty_pool(proxy_url: str):
 
 
 @pytest.mark.slow
-async def test_collection_through_injected_faults_finishes_with_the_planned_episodes(tmp_path):
+async def test_collection_through_injected_faults_finishes_with_the_planned_episodes(tmp_path, llm_url):
     book = load_price_book(REPO / "configs" / "prices" / "collection-2026-11.yaml")
-    with local_llm_server() as server_url:
-        proxy = FaultProxy(server_url, fault_rate=0.2, seed=3, hang_s=HANG_S)
-        with proxy as proxy_url:
-            pool = faulty_pool(proxy_url)
-            workers = build_workers(pool, local_base_url=None)
-            episodes, turns = await collect(TASKS, POLICIES, QAEnvironment(), workers, book, BUDGET, TURN_LIMIT,
-                                            tmp_path, "faults", 0, concurrency=CONCURRENCY, progress=False)
-            for worker in workers.values():
-                await worker.aclose()
+    proxy = FaultProxy(llm_url, fault_rate=0.2, seed=3, hang_s=HANG_S)
+    with proxy as proxy_url:
+        pool = faulty_pool(proxy_url)
+        workers = build_workers(pool, local_base_url=None)
+        episodes, turns = await collect(TASKS, POLICIES, QAEnvironment(), workers, book, BUDGET, TURN_LIMIT,
+                                        tmp_path, "faults", 0, concurrency=CONCURRENCY, progress=False)
+        for worker in workers.values():
+            await worker.aclose()
 
     planned = {schema.episode_id("faults", t.task_id, p.name, 0) for t in TASKS for p in POLICIES}
     assert set(episodes["episode_id"]) == planned and episodes["episode_id"].is_unique

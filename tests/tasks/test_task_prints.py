@@ -29,11 +29,9 @@ def _globals_dill_finds() -> list[str]:
 
 
 @pytest.mark.slow
-def test_in_a_log_prints_flow_a_task_like_sft_logs_no_bytecode_and_dill_sees_the_globals(caplog, tmp_path, monkeypatch):
+def test_in_a_log_prints_flow_a_task_like_sft_logs_no_bytecode_and_dill_sees_the_globals(caplog, prefect_api):
     from prefect import flow, task
-    from prefect.testing.utilities import prefect_test_harness
 
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
     like_sft = task(_globals_dill_finds, name="like-sft", log_prints=orchestra_sft_task.log_prints)
     loud = task(_globals_dill_finds, name="loud")  # inherits the flow's log_prints=True
 
@@ -41,7 +39,7 @@ def test_in_a_log_prints_flow_a_task_like_sft_logs_no_bytecode_and_dill_sees_the
     def both():
         return like_sft(), loud()
 
-    with prefect_test_harness(server_startup_timeout=300), caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO):
         quiet_found, loud_found = both()
     assert quiet_found == ["len", "max"]
     assert loud_found == []  # the mechanism: the disassembly went to the log, not to dill

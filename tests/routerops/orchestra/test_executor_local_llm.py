@@ -18,7 +18,6 @@ from routerops.pricing import Price, derive_costs, load_pool, load_price_book
 from routerops.types import Task
 from routerops.workers import build_workers
 from routerops.workers.sandbox import sandbox_problem
-from routerops.workers.server import local_llm_server
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(sandbox_problem() is not None, reason=f"no OS sandbox here: {sandbox_problem()}")]
@@ -34,18 +33,17 @@ PLAN = Plan(1, (
 SCRIPT = [render_turn(Turn(PLAN)), render_turn(Turn(FinalAnswer("42"), Verify("subtask 1 printed 42", False)))]
 
 
-async def test_an_orchestrated_episode_through_the_embedded_pool():
+async def test_an_orchestrated_episode_through_the_embedded_pool(llm_url):
     pool = load_pool(REPO / "configs/pool.yaml")
     shipped = load_price_book(REPO / "configs/prices/current.yaml")
     book = dataclasses.replace(shipped, prices={**shipped.prices, "scripted": Price(0.0, 0.0)})
     controller = ScriptedController(SCRIPT)
-    with local_llm_server(n_ctx=2048) as url:
-        workers = build_workers(pool, url)
-        executor = Executor(pool, workers, book, ExecutorConfig(budget_usd=0.01))
-        result = await executor.run_episode(TASK, controller, "local-run", 0)
-        for worker in workers.values():
-            if hasattr(worker, "aclose"):
-                await worker.aclose()
+    workers = build_workers(pool, llm_url)
+    executor = Executor(pool, workers, book, ExecutorConfig(budget_usd=0.01))
+    result = await executor.run_episode(TASK, controller, "local-run", 0)
+    for worker in workers.values():
+        if hasattr(worker, "aclose"):
+            await worker.aclose()
     episode, turns = result.episode, pd.DataFrame(result.turns)
     assert (episode["ended_by"], episode["final_answer"], episode["score"]) == ("done", "42", 1.0)
     assert episode["mode"] == "oneshot"

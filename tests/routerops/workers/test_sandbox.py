@@ -1,5 +1,6 @@
-"""The sandbox against one attack each: every test names the limit that must stop the program and
-bounds how long stopping it may take. The labelled limits come from the audit hook (the tripwire);
+"""The sandbox against one attack each: every test names the limit that must stop the program, which
+also says it was stopped there and then, not by the wall-clock limit (no bound in seconds: the suite
+passes on a busy machine). The labelled limits come from the audit hook (the tripwire);
 test_sandbox_escapes.py shows the operating system holds with the hook switched off."""
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ def test_python_exception_is_an_ordinary_failure():
 def test_reading_etc_passwd_is_stopped_by_the_filesystem_limit():
     result = run_python("print(open('/etc/passwd').read())", FAST)
     assert result.limit == "filesystem" and "root:" not in result.stdout
-    assert result.duration_s < 2.0
 
 
 def test_relative_path_escape_is_stopped_by_the_filesystem_limit():
@@ -53,7 +53,6 @@ def test_writing_outside_the_temp_dir_is_stopped(tmp_path):
     assert result.exit_code == 1 and "FileNotFoundError" in result.stderr and not target.exists()
     result = run_python(f"open({str(Path.home() / 'escaped.txt')!r}, 'w').write('x')", FAST)
     assert result.limit == "filesystem" and not (Path.home() / "escaped.txt").exists()
-    assert result.duration_s < 2.0
 
 
 def test_symlink_out_of_the_temp_dir_is_stopped():
@@ -64,13 +63,11 @@ def test_symlink_out_of_the_temp_dir_is_stopped():
 def test_opening_a_socket_is_stopped_by_the_network_limit():
     result = run_python("import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 9))", FAST)
     assert result.limit == "network"
-    assert result.duration_s < 2.0
 
 
 def test_fork_bomb_is_stopped_by_the_process_limit():
     result = run_python("import os\nwhile True:\n    os.fork()", FAST)
     assert result.limit == "processes"
-    assert result.duration_s < 2.0
 
 
 def test_subprocess_is_stopped_by_the_process_limit(tmp_path):
@@ -92,7 +89,7 @@ def test_spawn_past_the_audit_hook_is_refused_by_the_process_limit():
     )
     result = run_python(code, FAST)
     assert result.exit_code == 1 and "BlockingIOError" in result.stderr and "survived" not in result.stdout
-    assert result.duration_s < 2.0
+    assert result.limit != "wall_time"  # stopped where it tried, not left to run out the clock
 
 
 def test_ctypes_foreign_calls_are_refused():
@@ -103,7 +100,6 @@ def test_ctypes_foreign_calls_are_refused():
 def test_allocating_4gb_is_stopped_by_the_memory_limit():
     result = run_python("x = bytearray(4 * 1024**3)\nprint('allocated')", FAST)
     assert result.limit == "memory" and "allocated" not in result.stdout
-    assert result.duration_s < 2.0
 
 
 @pytest.mark.slow
@@ -118,7 +114,8 @@ def test_infinite_loop_is_stopped_by_the_cpu_limit():
 def test_sleeping_forever_is_stopped_by_the_wall_clock_limit():
     result = run_python("import time\ntime.sleep(60)", SandboxLimits(cpu_s=5, wall_s=1.0))
     assert result.limit == "wall_time" and result.exit_code < 0
-    assert 1.0 <= result.duration_s < 2.5
+    # Not before the limit; the upper bound only says it was not left to sleep its 60 s (any load).
+    assert 1.0 <= result.duration_s < 30
 
 
 def test_printing_100mb_is_stopped_by_the_output_limit():

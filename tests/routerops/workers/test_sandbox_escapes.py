@@ -139,14 +139,15 @@ def test_a_setsid_child_holding_stdout_dies_with_the_sandbox(then):
     try:
         result = run_without_hook(program, limits)
         assert "spawned" in result.stdout, result.stderr
-        deadline = time.monotonic() + 1.0
+        deadline = time.monotonic() + 10.0  # generous, yet well inside the child's own 30 s sleep
         while host_processes_with(marker) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert host_processes_with(marker) == [], "the setsid child outlived the sandbox"
         if then == "exit":  # the program ended: its namespace, and the child holding stdout, went with it
-            assert result.limit is None and result.duration_s < 1.5
+            assert result.limit is None  # not held until the wall-clock limit by the child's stdout
         else:  # killing the namespace's init at the deadline kills every process in it
-            assert result.limit == "wall_time" and result.duration_s < limits.wall_s + 0.8
+            # stopped at the limit, not after the child's 30 s sleep (a bound that holds under any load)
+            assert result.limit == "wall_time" and result.duration_s < 25
     finally:
         for pid in host_processes_with(marker):  # the audit-hook sandbox left it running
             os.kill(pid, 9)
@@ -332,7 +333,7 @@ def test_fork_bomb_is_stopped_by_the_process_limit():
     guard = "import os\nassert os.getpid() <= 2, 'not in a PID namespace of its own: fork bomb not run'\n"
     result = run_without_hook(guard + "while True:\n    os.fork()")
     assert result.exit_code == 1 and "BlockingIOError" in result.stderr  # RLIMIT_NPROC
-    assert result.duration_s < 2.0
+    assert result.limit != "wall_time"  # refused there and then, not left to run out the clock
 
 
 def test_allocating_4gb_is_stopped_by_the_memory_limit():
@@ -342,7 +343,7 @@ def test_allocating_4gb_is_stopped_by_the_memory_limit():
 
 def test_sleeping_forever_is_stopped_by_the_wall_clock_limit():
     result = run_without_hook("import time\ntime.sleep(60)", SandboxLimits(cpu_s=2, wall_s=1.0))
-    assert result.limit == "wall_time" and 1.0 <= result.duration_s < 1.8
+    assert result.limit == "wall_time" and 1.0 <= result.duration_s < 30  # not before the limit, nor its 60 s
 
 
 def test_printing_100mb_is_stopped_by_the_output_limit():
