@@ -5,8 +5,11 @@ costs 10-60 s on two busy cores, so one each per session)."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+import shutil
+import sqlite3
 import subprocess
 from contextlib import ExitStack
 from pathlib import Path
@@ -96,6 +99,38 @@ def s3_env(seaweedfs, monkeypatch):
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     return seaweedfs
+
+
+@pytest.fixture(scope="session")
+def mlflow_schema(tmp_path_factory) -> Path:
+    """An empty MLflow database at MLflow's current schema, made once: MLflow migrates a new SQLite
+    store through its whole alembic history, seconds per store on two busy cores. The Default
+    experiment is left out: the store that opens a copy creates it under its own artifact root,
+    exactly as on a new database."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    folder = tmp_path_factory.mktemp("mlflow-schema")
+    path = folder / "mlflow.db"
+    SqlAlchemyStore(f"sqlite:///{path}", str(folder / "artifacts")).engine.dispose()
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("DELETE FROM experiments WHERE experiment_id = 0")
+    return path
+
+
+@pytest.fixture(scope="session")
+def new_mlflow_db(mlflow_schema):
+    """new_mlflow_db(path) -> path: a new, empty MLflow SQLite store there (a copy of the migrated one)."""
+    def make(path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(mlflow_schema, path)
+        return path
+    return make
+
+
+@pytest.fixture
+def mlflow_db(new_mlflow_db, tmp_path) -> Path:
+    """tmp_path/mlflow.db: this test's own, empty MLflow store, already migrated."""
+    return new_mlflow_db(tmp_path / "mlflow.db")
 
 
 @pytest.fixture(scope="session")

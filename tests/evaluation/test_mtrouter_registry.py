@@ -91,7 +91,7 @@ def world(tmp_path_factory):
 
 
 @pytest.fixture
-def tracking(tmp_path, monkeypatch):
+def tracking(tmp_path, monkeypatch, mlflow_db):
     import mlflow
 
     from evaluation.tracking import use_tracking

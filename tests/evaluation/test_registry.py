@@ -86,7 +86,7 @@ def shuffled(data: RoutingData, seed: int = 0) -> RoutingData:
 
 
 @pytest.fixture
-def tracking(tmp_path, monkeypatch):
+def tracking(tmp_path, monkeypatch, mlflow_db):
     import mlflow
 
     from evaluation.tracking import use_tracking

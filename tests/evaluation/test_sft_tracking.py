@@ -34,7 +34,7 @@ class StopAfterFirstStep(TrainerCallback):
 
 
 @pytest.mark.slow
-def test_a_resumed_tracked_run_logs_the_whole_curve_the_settings_and_the_adapter(tmp_path, monkeypatch):
+def test_a_resumed_tracked_run_logs_the_whole_curve_the_settings_and_the_adapter(tmp_path, monkeypatch, mlflow_db):
     import mlflow
 
     from evaluation.sft_tracking import train_sft_tracked

@@ -55,7 +55,7 @@ def dvc_add_md5s(root: Path, paths: list[Path]) -> dict[str, str]:
 
 
 @pytest.fixture
-def tracked(tmp_path, monkeypatch):
+def tracked(tmp_path, monkeypatch, mlflow_db):
     """Two stage manifests written by the real write_manifest from the repo root (as DVC runs stages),
     logged by the real log_pipeline_runs into a temp MLflow store; yields (paths, run ids, client)."""
     monkeypatch.chdir(tmp_path)
@@ -109,7 +109,7 @@ def test_each_stage_run_lists_its_inputs_with_dvc_digests_splits_and_rows(tracke
 
 
 @pytest.mark.slow
-def test_an_input_rewritten_after_its_stage_ran_is_named_not_logged(tmp_path, monkeypatch):
+def test_an_input_rewritten_after_its_stage_ran_is_named_not_logged(tmp_path, monkeypatch, mlflow_db):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
@@ -129,7 +129,7 @@ def test_an_input_rewritten_after_its_stage_ran_is_named_not_logged(tmp_path, mo
     assert run.data.tags["datasets.changed"] == "configs/prices/current.yaml"
 
 
-def test_integer_columns_of_a_logged_table_raise_no_model_signature_hint(tmp_path, monkeypatch):
+def test_integer_columns_of_a_logged_table_raise_no_model_signature_hint(tmp_path, monkeypatch, mlflow_db):
     """Token counts are integers by schema; MLflow's "integer columns cannot represent missing values"
     hint is advice for a model's input and was shown dozens of times per `make demo` (issue 26)."""
     import warnings

@@ -10,11 +10,11 @@ import yaml
 
 
 @pytest.fixture
-def flow_workdir(tmp_path, monkeypatch):
+def flow_workdir(tmp_path, monkeypatch, new_mlflow_db):
     """`flow_workdir(section, settings, experiment)` → the root, with params.yaml holding the section."""
     root = tmp_path / "work"
     root.mkdir()
-    db = root / "mlflow" / "test.db"
+    db = new_mlflow_db(root / "mlflow" / "test.db")  # migrated once per session (tests/conftest.py)
 
     def make(section: str, settings: dict, experiment: str):
         params = {"track": {"tracking_uri": f"sqlite:///{db}", "artifact_root": str(root / "mlflow/artifacts"),

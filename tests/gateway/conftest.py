@@ -12,14 +12,14 @@ from routerops.config import TrackConfig
 
 
 @pytest.fixture(scope="module")
-def mlflow_registry(tmp_path_factory):
+def mlflow_registry(tmp_path_factory, new_mlflow_db):
     """A real MLflow tracking store and registry (temp SQLite) for one test module; its URI."""
     import mlflow
 
     from evaluation.tracking import use_tracking
 
     tmp = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = f"sqlite:///{new_mlflow_db(tmp / 'mlflow.db')}"
     saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")}
     os.environ["MLFLOW_TRACKING_URI"] = uri
     os.environ.pop("MLFLOW_EXPERIMENT_ID", None)

@@ -20,7 +20,7 @@ def test_artifact_location_keeps_uris_and_resolves_paths(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_run_artifacts_land_in_the_bucket(s3_env, tmp_path, monkeypatch):
+def test_run_artifacts_land_in_the_bucket(s3_env, tmp_path, monkeypatch, mlflow_db):
     import mlflow
 
     ensure_bucket("routerops-mlflow")

@@ -28,7 +28,7 @@ def run_stage(root: Path, name: str, env: dict[str, str]) -> str:
     return out.stdout + out.stderr
 
 
-def test_no_secret_reaches_mlflow_or_the_logs(s3_env, tmp_path):
+def test_no_secret_reaches_mlflow_or_the_logs(s3_env, tmp_path, mlflow_db):
     import mlflow
 
     root = tmp_path / "repo"

@@ -63,7 +63,8 @@ def test_the_rl_curriculum_is_d_rl_then_d_sft_and_refuses_any_task_outside_train
 
 
 @pytest.mark.slow
-def test_rl_stage_trains_the_sft_adapter_on_train_rollouts_tracks_every_step_and_resumes(tmp_path, monkeypatch):
+def test_rl_stage_trains_the_sft_adapter_on_train_rollouts_tracks_every_step_and_resumes(tmp_path, monkeypatch,
+                                                                                        mlflow_db):
     import mlflow
     import torch
     from safetensors.torch import load_file
@@ -134,7 +135,7 @@ def test_rl_stage_trains_the_sft_adapter_on_train_rollouts_tracks_every_step_and
 
 
 @pytest.mark.slow
-def test_mt_grpo_runs_end_to_end_in_the_stage_blind_and_with_the_worker_cache(tmp_path, monkeypatch):
+def test_mt_grpo_runs_end_to_end_in_the_stage_blind_and_with_the_worker_cache(tmp_path, monkeypatch, mlflow_db):
     """MT-GRPO (B.6–B.7) through the real stage at the smallest scale: one step of G = 2 rollouts of the
     SFT'd SmolLM2 controller through the llama.cpp workers, with the blind-worker protocol and the
     worker cache on; U_t comes from rollout_group."""

@@ -48,7 +48,7 @@ def grid_table() -> pd.DataFrame:
 
 
 @pytest.fixture
-def layout(tmp_path, monkeypatch):
+def layout(tmp_path, monkeypatch, mlflow_db):
     monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)

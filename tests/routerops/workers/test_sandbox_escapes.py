@@ -176,9 +176,12 @@ attempt("kill", lambda: os.kill({victim.pid}, 9))
 # ---------------------------------------------------------------- 5. metadata outside, uid 0
 
 
+# "{pid}": the test process's own, filled in when the test runs; a pid in the test id would differ
+# between the processes of a parallel run (pytest-xdist), which must collect the same tests.
 @pytest.mark.parametrize("path", ["/etc/passwd", "/etc", "/root", "/home", "/work", str(REPO), sys.executable,
-                                  f"/proc/{os.getpid()}/environ", "/proc/1/root/etc/passwd"])
+                                  "/proc/{pid}/environ", "/proc/1/root/etc/passwd"])
 def test_nothing_outside_the_temp_dir_exists_even_for_stat(path):
+    path = path.format(pid=os.getpid())
     result = run_without_hook(f"""
 import os
 attempt("stat", lambda: os.stat({path!r}).st_mode)
