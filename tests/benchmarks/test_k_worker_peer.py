@@ -70,6 +70,7 @@ def test_ratios_are_peer_over_our_counterpart_and_none_where_either_is_missing(b
     assert got == {"counterpart": "knn", "acc_at_15": pytest.approx(0.8), "acc_at_50": None, "best_accuracy": 1.0}
 
 
+@pytest.mark.slow
 def test_the_peer_side_fits_llmrouter_lib_and_follows_its_label(bench, tmp_path):
     if not bench.DEFAULT_PEER_PYTHON.is_file():
         pytest.skip(f"no peer venv at {bench.DEFAULT_PEER_PYTHON} (benchmarks/peer_env.sh makes it; CI has none)")

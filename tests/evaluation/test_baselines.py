@@ -69,6 +69,7 @@ def tiny_mtrouter(seed: int) -> MTRouterRouter:
     return MTRouterRouter(cfg, seed=seed)
 
 
+@pytest.mark.slow
 def test_learned_routers_fit_on_train_alone_and_test_and_ood_are_reported_apart(pool, book, monkeypatch,
                                                                                record_fits):
     seen = {"knn": set(), "mtrouter": set()}

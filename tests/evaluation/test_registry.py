@@ -102,6 +102,7 @@ def tracking(tmp_path, monkeypatch, mlflow_db):
 GATE = GateConfig(objective="accuracy_at_budget", budget_usd=BUDGET, n_boot=1000, seed=0)
 
 
+@pytest.mark.slow
 def test_gate_promotes_first_then_better_and_refuses_worse(tracking):
     import mlflow
 
@@ -139,6 +140,7 @@ def test_gate_promotes_first_then_better_and_refuses_worse(tracking):
     assert len(gate_runs) == 1 and gate_runs["metrics.ci_low"].iloc[0] <= 0
 
 
+@pytest.mark.slow
 def test_aiq_objective_gate_and_pool_change(tracking):
     import mlflow
 
@@ -279,6 +281,7 @@ def test_champion_loads_and_routes_raw_text_in_a_fresh_process(tracking, tmp_pat
     assert "/code/models/" in lines[-1]  # the fresh process ran the code logged with the model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["knn", "logistic", "mf", "mlp", "ensemble", "cascade", "random"])
 def test_every_servable_baseline_round_trips_through_a_bundle(family, tmp_path):
     """Whatever a baseline holds (closures, torch modules, sklearn models) survives the bundle, and the

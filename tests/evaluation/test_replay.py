@@ -140,6 +140,7 @@ def routellm() -> RoutingData:
     return to_routing_data(df, load_price_book(REPO / "configs/prices/routellm-2024.yaml"))
 
 
+@pytest.mark.slow
 @shared
 @pytest.mark.shared
 def test_random_router_apgr_on_routellm_gsm8k_is_half(routellm):
@@ -179,6 +180,7 @@ def price_book(path: Path, dear_output: float) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_cli_reprices_without_touching_accuracy(tmp_path, monkeypatch):
     from routerops.envs.replay import write_logged_outcomes
     from stages.cli import main as cli
@@ -278,6 +280,7 @@ def test_replay_cli_fits_on_another_table_and_refuses_overlap(tmp_path, monkeypa
     assert cli(["replay", "--train-table", str(other), "--table", str(other), *common]) == 2
 
 
+@pytest.mark.slow
 def test_the_ensembles_row_reuses_its_members_folds_and_equals_fitting_it_whole(pair):
     """run_replay_benchmark averages the members' own out-of-fold predictions; that must be exactly
     what cross-fitting the EnsembleRouter itself predicts (same seed, same folds)."""
@@ -313,6 +316,7 @@ def test_bootstrap_intervals_bracket_the_estimate_and_mark_undefined_apgr():
     assert 0 < out["apgr_boot_undefined"] < 400
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_same_predictions_as_one_process(pair):
     from evaluation.replay import held_out_qualities
 
@@ -324,6 +328,7 @@ def test_worker_processes_give_the_same_predictions_as_one_process(pair):
         assert not np.isnan(workers[seed]).any()
 
 
+@pytest.mark.slow
 def test_a_cascade_without_logged_responses_predicts_what_logistic_predicts(pair):
     """models.registry.same_predictions lets the replay fit them once; this is the claim it rests on."""
     cascade = cross_fit(pair, lambda seed: make_router("cascade", seed), k=3, seed=2)
@@ -332,6 +337,7 @@ def test_a_cascade_without_logged_responses_predicts_what_logistic_predicts(pair
     np.testing.assert_array_equal(cascade, logistic)
 
 
+@pytest.mark.slow
 def test_pooled_fits_equal_each_router_fitted_alone_and_charge_their_seconds_once(pair):
     """run_replay_benchmark fits every learned router's folds in one pool (prefetch): the predictions
     must be those of each router cross-fitted alone, a twin (cascade → logistic) or an ensemble must
@@ -356,6 +362,7 @@ def test_pooled_fits_equal_each_router_fitted_alone_and_charge_their_seconds_onc
     assert shared.take_seconds() > 0
 
 
+@pytest.mark.slow
 def test_pooled_tasks_go_dearest_first(pair):
     from evaluation.replay import held_out_qualities_of
 

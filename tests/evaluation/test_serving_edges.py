@@ -107,6 +107,7 @@ def test_a_10_mb_query_is_routed_on_its_first_max_text_chars_and_fast(served, ca
 # ---------------------------------------------------------------- single-turn router through MLflow
 
 
+@pytest.mark.slow
 def test_through_mlflow_a_misspelt_budget_fails_and_bad_values_are_input_errors(served, tracking):
     import mlflow
     from mlflow.exceptions import MlflowException

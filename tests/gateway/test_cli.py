@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from routerops.workers.server import free_port
 
@@ -32,6 +33,7 @@ def answers(url: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_gateway_and_the_local_llm_server_it_started(tmp_path):
     port = free_port()
     cmd = [sys.executable, "-m", "stages.cli", "gateway", "serve", "--router", "router-none", "--local-server",

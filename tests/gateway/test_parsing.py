@@ -86,6 +86,7 @@ def test_any_bytes_are_a_json_object_or_our_400(raw):
         assert_ours(exc)
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(json_values, st.integers(min_value=0, max_value=3 * MAX_JSON_DEPTH))
 def test_any_json_nested_to_any_depth_is_an_object_or_our_400(value, depth):
@@ -97,6 +98,7 @@ def test_any_json_nested_to_any_depth_is_an_object_or_our_400(value, depth):
         assert_ours(exc)
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(valid_bodies | chat_bodies)
 def test_any_chat_body_is_a_checked_request_or_our_400(body):

@@ -100,6 +100,7 @@ def fuzz(live: LiveGateway, examples: int, seed: int = 0) -> dict[str, dict[str,
     return counts
 
 
+@pytest.mark.slow
 def test_no_5xx_and_every_answer_matches_the_schema(live):
     counts = fuzz(live, EXAMPLES_PER_ROUTE)
     assert len(counts) == 8  # four routes, valid and invalid requests for each

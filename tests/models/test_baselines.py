@@ -38,6 +38,7 @@ def single_costs(data: RoutingData) -> np.ndarray:
     return data.costs.mean(axis=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ONE_CALL_ROUTERS)
 def test_single_workers_bracket_every_one_call_router(name, fitted, split):
     _, test = split
@@ -126,6 +127,7 @@ def mean_brier(router, train, test) -> float:
     return float(np.mean((router.fit(train).predict_quality(test) - test.scores) ** 2))
 
 
+@pytest.mark.slow
 def test_learned_routers_beat_a_constant_predictor(split):
     train, test = split
     constant = float(np.mean((train.scores.mean(axis=0)[None, :] - test.scores) ** 2))

@@ -46,6 +46,7 @@ def fresh_process_state(tmp_path, monkeypatch):
     baselines.shared_history_encoder.cache_clear()
 
 
+@pytest.mark.slow
 def test_each_query_is_embedded_once_across_routers_folds_and_seeds(fresh_process_state):
     from models import registry as baselines
     from evaluation.replay import run_replay_benchmark
@@ -60,6 +61,7 @@ def test_each_query_is_embedded_once_across_routers_folds_and_seeds(fresh_proces
     assert mtrouter_sentence.embedded == 0  # every fold and seed of MTRouter read the shared vectors
 
 
+@pytest.mark.slow
 def test_a_text_gets_the_same_vector_in_a_batch_as_alone(tmp_path):
     assert BACKENDS["onnx"].batchable and not BACKENDS["onnx-int8"].batchable
     texts = ["ok", "A train leaves at 3 pm and travels 120 miles at 40 miles per hour. When does it arrive? " * 5,
@@ -92,6 +94,7 @@ def test_remembered_vectors_are_served_without_running_the_encoder(fresh_process
     assert encoder.embedded == 0
 
 
+@pytest.mark.slow
 def test_int8_bulk_vectors_are_bit_identical_to_one_query_serving(tmp_path):
     """The exact-vector guarantee MTRouter and the baselines rely on: a replay embeds a table through
     the bulk path (one text per call, several calls at once on single-threaded sessions), a served

@@ -65,6 +65,7 @@ def separable_table(n: int = 200, seed: int = 0, clustered: bool = False) -> Rou
                        embeddings=emb)
 
 
+@pytest.mark.slow
 def test_cost_label_router_learns_who_to_call(split, fitted):
     _, test = split
     quality = fitted["cost_label"].predict_quality(test)
@@ -170,6 +171,7 @@ def test_kcascade_chain_thresholds_and_knob(split, fitted):
 # ---------------------------------------------------------------- through the harness and serving
 
 
+@pytest.mark.slow
 def test_new_routers_run_through_the_replay_harness(split):
     train, test = split
     board = run_replay_benchmark(test, None, NEW, seeds=(0,), n_boot=0, progress=False, train=train, n_jobs=1,
@@ -193,6 +195,7 @@ def test_new_routers_register_and_serve_the_same_decisions(split, fitted, tmp_pa
 # ---------------------------------------------------------------- the real nine-model table
 
 
+@pytest.mark.slow
 def test_k_worker_routers_on_the_real_table(shared_data):
     from evaluation.replay import to_routing_data
     from models.embeddings import default_encoder

@@ -11,6 +11,7 @@ import math
 import tempfile
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -109,6 +110,7 @@ def load_written(loader, data: bytes):
             return exc
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.one_of(books.map(dump), filled(BOOK_TEMPLATE), st.binary(max_size=64), st.text(max_size=64).map(str.encode)))
 @example(b"version: v\neffective_date: 2024-01-01\nprices: " + DEEP)
@@ -121,6 +123,7 @@ def test_any_price_book_file_loads_or_is_an_input_error(data):
             assert math.isfinite(book.cost(next(iter(book.prices)), 1000, 1000))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.one_of(pools.map(dump), filled(POOL_TEMPLATE), st.binary(max_size=64)))
 @example(b"workers: " + DEEP)

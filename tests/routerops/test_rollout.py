@@ -340,6 +340,7 @@ async def test_a_journal_written_before_observations_resumes(tmp_path, endpoint)
 
 
 
+@pytest.mark.slow
 def test_collect_sync_closes_its_http_clients_before_its_loop_ends(tmp_path, endpoint, caplog):
     """A client left open was closed by the garbage collector on the next loop (the flow's), where its
     connections, bound to the finished loop, raised "Event loop is closed": an ERROR and a traceback

@@ -69,6 +69,7 @@ def test_split_is_disjoint_covers_the_plan_and_balances_the_shards(n_shards):
     assert all([order[e] for e, _, _ in s] == sorted(order[e] for e, _, _ in s) for s in shards)  # plan order kept
 
 
+@pytest.mark.slow
 def test_split_is_the_same_in_every_process_and_for_any_plan_order():
     """Workers compute their shard on their own: the split must not depend on Python's salted hash()
     or on the order the plan was built in."""
@@ -187,6 +188,7 @@ with shard_lock(Path(sys.argv[1]), wait_s=0):
 """
 
 
+@pytest.mark.slow
 def test_a_killed_workers_lock_is_released_by_the_kernel(tmp_path):
     folder = shard_dir(tmp_path, 1, 2)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True)

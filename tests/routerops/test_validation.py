@@ -66,6 +66,7 @@ def clean() -> tuple[pd.DataFrame, pd.DataFrame]:
     return make_trajectories()
 
 
+@pytest.mark.slow
 def test_clean_set_passes(clean):
     episodes, turns = clean
     report = validate_trajectories(episodes, turns, POOL, BOOK)

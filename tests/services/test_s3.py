@@ -29,6 +29,7 @@ def test_missing_credentials_name_the_variable(monkeypatch):
         s3_client()
 
 
+@pytest.mark.slow
 def test_unreachable_endpoint_names_the_url(monkeypatch):
     from routerops.workers.server import free_port
 

@@ -55,6 +55,7 @@ def write_set(folder: Path, episodes: pd.DataFrame, turns: pd.DataFrame) -> Path
     return folder
 
 
+@pytest.mark.slow
 def test_reprice_recomputes_costs_from_tokens_under_the_new_book(tmp_path):
     src = write_set(tmp_path / "src", *trajectories())
     book = yaml.safe_load(BOOK.read_text())
@@ -70,6 +71,7 @@ def test_reprice_recomputes_costs_from_tokens_under_the_new_book(tmp_path):
     assert episodes.cost_usd.sum() == pytest.approx(turns.cost_usd.sum())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("problem, field", [
     ("negative", "prices.smol-cot.output_per_1m"),
     ("text", "prices.smol-cot.output_per_1m"),
@@ -93,6 +95,7 @@ def test_bad_price_book_exits_naming_file_and_field(tmp_path, problem, field):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_unknown_worker_exits_naming_the_worker(tmp_path):
     episodes, turns = trajectories()
     turns.loc[0, "worker"] = "gpt-9"
@@ -103,6 +106,7 @@ def test_unknown_worker_exits_naming_the_worker(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_broken_trajectory_row_exits_naming_file_and_column(tmp_path):
     episodes, turns = trajectories()
     turns.loc[1, "prompt_tokens"] = -5
@@ -113,6 +117,7 @@ def test_broken_trajectory_row_exits_naming_file_and_column(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_validate_names_a_typed_in_cost(tmp_path):
     episodes, turns = trajectories()
     turns.loc[0, "cost_usd"] = 0.5  # typed in, not derived from tokens
@@ -122,6 +127,7 @@ def test_validate_names_a_typed_in_cost(tmp_path):
     assert "cost_usd" in out.stderr and str(src) in out.stderr
 
 
+@pytest.mark.slow
 def test_validate_passes_a_clean_set(tmp_path):
     src = write_set(tmp_path / "src", *trajectories())
     out = run_cli("validate", "--src", str(src), "--pool", str(POOL), "--price-book", str(BOOK))
@@ -129,6 +135,7 @@ def test_validate_passes_a_clean_set(tmp_path):
     assert "checks passed" in out.stdout
 
 
+@pytest.mark.slow
 def test_missing_dataset_file_exits_naming_it(tmp_path):
     missing = tmp_path / "nope.jsonl"
     out = run_cli("import-qa", str(missing), "--out", str(tmp_path / "tasks.jsonl"))
@@ -136,6 +143,7 @@ def test_missing_dataset_file_exits_naming_it(tmp_path):
     assert not (tmp_path / "tasks.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_dataset_line_without_its_field_is_named(tmp_path):
     data = tmp_path / "qa.jsonl"
     data.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n" + json.dumps({"question": "x"}) + "\n")
@@ -144,6 +152,7 @@ def test_dataset_line_without_its_field_is_named(tmp_path):
     assert not (tmp_path / "tasks.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_unknown_worker_in_pool_params_is_rejected(tmp_path):
     pool = yaml.safe_load(POOL.read_text())
     pool["workers"][0]["colour"] = "blue"

@@ -46,6 +46,7 @@ def write_project(root: Path, url: str, shards: int, scheduler: str = "", concur
     return Layout(root), write_tasks(tasks, root / "data/suites/tasks.jsonl")
 
 
+@pytest.mark.slow
 def test_sharded_stage_writes_the_tables_one_shard_writes(tmp_path):
     with DelayedEndpoint(delay_s=0.01) as url:
         runs = {}

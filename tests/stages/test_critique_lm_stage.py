@@ -40,6 +40,7 @@ def tiny_llama(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_the_critique_lm_stage_trains_evaluates_and_records_every_controller(tmp_path, tiny_llama):
     from evaluation.critique_lm import fixed_split
     from routerops.layout import Layout

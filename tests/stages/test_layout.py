@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from routerops.layout import Layout
@@ -56,6 +57,7 @@ def test_every_stage_reference_resolves_to_a_function():
         assert callable(resolve(stage.run)) and callable(resolve(stage.config)), name
 
 
+@pytest.mark.slow
 def test_the_command_line_imports_no_stack_it_does_not_run():
     """`routerops stage NAME` (every dvc.yaml command) and `routerops reprice` start without torch,
     transformers, MLflow or Prefect when they do not need them."""

@@ -49,6 +49,7 @@ def test_embedded_run_passes_its_checks_and_unknown_keys_fail(tmp_path, monkeypa
         load_run(tmp_path / "params.yaml")
 
 
+@pytest.mark.slow
 def test_offline_ablation_metrics_judge_each_estimator_on_its_own_target(pool, book, tiny_cfg, tables):
     """The error-penalty ablation learns S_final, the full model S̃_0 = S_final − Σρ: each one's MAE
     is against its own target, so neither looks better just for predicting on another scale."""

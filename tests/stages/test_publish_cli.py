@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from routerops.publishing import PRICES, current_version
@@ -22,6 +23,7 @@ def edited_book(tmp_path: Path, name: str, version: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_cli_publish_without_a_server_stores_the_file_and_says_no_retrain_ran(tmp_path, monkeypatch, capsys):
     from stages.cli import main
 

@@ -59,6 +59,7 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_apgr_undefined_on_resamples_is_reported_not_a_crash(files):
     """60 queries, 70% vs 75% right, default 1000 resamples: many resamples tie the two workers."""
     tmp, prices = files
@@ -71,6 +72,7 @@ def test_apgr_undefined_on_resamples_is_reported_not_a_crash(files):
     assert board.loc["random", "apgr_lo"] <= board.loc["random", "apgr_hi"]
 
 
+@pytest.mark.slow
 def test_equally_accurate_workers_leave_apgr_undefined_and_the_rest_defined(files):
     tmp, prices = files
     out = tmp / "board.csv"
@@ -82,6 +84,7 @@ def test_equally_accurate_workers_leave_apgr_undefined_and_the_rest_defined(file
     assert board["aiq"].notna().all()
 
 
+@pytest.mark.slow
 def test_a_one_worker_table_gives_a_leaderboard_without_two_worker_metrics(files):
     tmp, prices = files
     out = tmp / "board.csv"
@@ -94,6 +97,7 @@ def test_a_one_worker_table_gives_a_leaderboard_without_two_worker_metrics(files
     assert board["best_accuracy"].eq(0.75).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, field", [
     (("--k", "61"), "--k"),  # more folds than the 60 queries
     (("--k", "1"), "--k"),
@@ -110,6 +114,7 @@ def test_bad_arguments_exit_2_naming_the_flag_and_write_nothing(files, flags, fi
     assert not out.exists() and not out.with_suffix(".curves.csv").exists()
 
 
+@pytest.mark.slow
 def test_out_equal_to_table_is_refused_and_the_table_is_unchanged(files):
     tmp, prices = files
     table = write(outcome_table(), tmp / "t.csv")
@@ -119,6 +124,7 @@ def test_out_equal_to_table_is_refused_and_the_table_is_unchanged(files):
     assert digest(table) == before
 
 
+@pytest.mark.slow
 def test_out_that_is_a_directory_is_refused_before_any_work(files):
     tmp, prices = files
     (tmp / "adir").mkdir()
@@ -130,6 +136,7 @@ def test_out_that_is_a_directory_is_refused_before_any_work(files):
 # ---------------------------------------------------------------- issue 25
 
 
+@pytest.mark.slow
 def test_an_unwritable_out_is_refused_before_any_work(files):
     """`replay` ran the whole benchmark, then died with a traceback writing under a regular file or /proc."""
     tmp, prices = files
@@ -149,6 +156,7 @@ def split_table_in_two_orders(n: int = 60) -> pd.DataFrame:
     return pd.concat([train, test.iloc[::-1]], ignore_index=True)
 
 
+@pytest.mark.slow
 def test_split_column_accepts_the_same_workers_in_another_order(files):
     tmp, prices = files
     out = tmp / "board.csv"
@@ -172,6 +180,7 @@ def overlapping_tables(tmp: Path, shared: int = 5) -> tuple[Path, Path]:
     return write(train, tmp / "train.csv"), write(test, tmp / "test.csv")
 
 
+@pytest.mark.slow
 def test_overlapping_train_and_test_are_refused_before_any_embedding(files):
     """The refusal came after 75 s of embedding, with no way on: now before any work, offering one."""
     tmp, prices = files
@@ -183,6 +192,7 @@ def test_overlapping_train_and_test_are_refused_before_any_embedding(files):
     assert not (tmp / "cache").exists() and not out.exists()  # nothing embedded, nothing written
 
 
+@pytest.mark.slow
 def test_drop_overlap_scores_the_unseen_queries_and_records_how_many_were_dropped(files):
     tmp, prices = files
     train, test = overlapping_tables(tmp)

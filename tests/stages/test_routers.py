@@ -72,6 +72,7 @@ def params(tmp_path) -> Params:
                                     artifact_root=str(tmp_path / "artifacts"), experiment="stage-test"))
 
 
+@pytest.mark.slow
 def test_routers_and_register_never_train_on_val_test_or_ood(layout):
     cfg = params(layout.root)
     grid = write_logged_outcomes(grid_table(), layout.grid)

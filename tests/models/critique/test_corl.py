@@ -26,6 +26,7 @@ def test_mode_features():
     assert mode_features(np.array([2, 0])).tolist() == [[0, 0, 1], [1, 0, 0]]
 
 
+@pytest.mark.slow
 def test_one_controller_three_modes_ordered(env):
     # Budgets: low below any expert call (0.01–0.03 USD), medium fits about half of them, high all.
     budgets = (0.005, 0.02, 1000.0)

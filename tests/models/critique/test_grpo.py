@@ -97,6 +97,7 @@ def test_grpo_step_moves_probability_toward_positive_advantage(env):
     assert after[:, 1].mean() > before[:, 1].mean()
 
 
+@pytest.mark.slow
 def test_small_training_run_and_what_the_multipliers_do(env):
     """Tiny scale (60 iterations, 150 queries). Under eq. 3 with γ = 1 every extra turn earns another
     verdict reward (0.5·R_v), worth more than the paper's penalty 0.5·2ξ = 0.25 of a strong call, so

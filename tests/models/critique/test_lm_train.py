@@ -209,6 +209,7 @@ def tiny_folder(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_update_moves_the_adapter_towards_the_advantaged_turn(tiny_folder):
     import dataclasses
 
@@ -244,6 +245,7 @@ def test_train_controller_runs_the_tree_through_the_shared_core(tiny_folder):
     assert np.isfinite(summary["adapter_relative_change"])
 
 
+@pytest.mark.slow
 def test_corl_training_pairs_the_modes_and_uses_its_own_learning_rate(tiny_folder):
     cfg = critique_lm_config({"corl": {"steps": 1, "queries_per_step": 2, "learning_rate": 3e-5},
                               "tree": {"group": 2}, "generation": {"max_new_tokens": 8}})

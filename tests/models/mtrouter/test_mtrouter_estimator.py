@@ -27,6 +27,7 @@ def table(pool, book):
     return attribute_table(pool.names, {w.name: w.attributes for w in pool.workers}, book)
 
 
+@pytest.mark.slow
 def test_training_smoke_loss_falls_and_parameters_change(table, tiny_cfg):
     data, _ = synthetic_set()
     cfg = tiny_cfg.replace(linear_head=False, max_epochs=20, patience=20)

@@ -131,6 +131,7 @@ def test_a_table_with_no_observed_score_is_an_input_error(cfg):
         fitted(cfg, data)
 
 
+@pytest.mark.slow
 def test_prediction_in_chunks_equals_one_batch(cfg):
     data = logged_table(n=50, k=5)
     router = fitted(cfg, data)
@@ -165,6 +166,7 @@ def write_csv_table(path, n: int = 30):
     return path
 
 
+@pytest.mark.slow
 def test_routerops_replay_runs_mtrouter_from_a_csv_table(tmp_path, monkeypatch):
     from models.registry import shared_history_encoder
     from stages.cli import main

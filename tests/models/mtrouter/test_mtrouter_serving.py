@@ -94,6 +94,7 @@ def test_served_router_follows_the_routing_rule(fitted):
     assert list(broke.worker) == [STOP_CHOICE] * 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad, field", [
     (frame().drop(columns=["history"]), "history"),
     (frame(candidates=['["cheap", "gpt-9"]', None]), "candidates[0]"),
@@ -108,6 +109,7 @@ def test_bad_input_names_the_field(fitted, bad, field):
     assert err.value.field == field, str(err.value)
 
 
+@pytest.mark.slow
 def test_a_router_saved_before_encoder_backends_loads_with_torch(fitted, tmp_path):
     """Old saves have no `encoder_backend`: they were embedded with plain torch, not the new default."""
     path = fitted().save(tmp_path / "router")

@@ -510,6 +510,7 @@ def recording_gradients(trainer) -> list:
     return seen
 
 
+@pytest.mark.slow
 def test_accumulated_minibatches_make_the_update_of_their_union(tokenizer, smollm2_folder, chosen):
     # step_accumulated weights each minibatch's token mean by its share of the tokens: one AdamW update
     # that follows the gradient of the whole batch's token mean (the critique/CoRL `tree.accumulate`).

@@ -44,6 +44,7 @@ def test_strategies_cover_each_exact_route_and_a_oneshot_of_two():
     assert names == ["lazy", "route:python/python", "route:sympy/sympy", "oneshot:python/python+sympy/sympy"]
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_teacher_trajectories_run_on_real_tools_and_the_filter_keeps_the_cheapest(tmp_path):
     tasks = materialise_suites(["gcd", "chain_sum"], [], {"train": 2}, seed=3)

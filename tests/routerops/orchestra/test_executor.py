@@ -461,6 +461,7 @@ async def test_a_controller_answering_the_wrong_number_of_turns_is_an_error(work
 # ---------------------------------------------------------------- records
 
 
+@pytest.mark.slow
 async def test_the_records_fit_the_trajectory_schema_and_validate(workers, tmp_path):
     script = [plan(1, node(1, "sympy", "sympy", "6*7"), node(2, "echo-big", "answer", "Add one.", (1,))),
               answer("43", check="ok")]

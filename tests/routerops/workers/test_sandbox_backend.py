@@ -75,6 +75,7 @@ print(sandbox_problem())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("bwrap") is None,
                     reason="needs root (to map uids into a fresh user namespace), unshare and bwrap")
 def test_without_user_namespaces_the_refusal_says_how_to_allow_them():
