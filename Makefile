@@ -51,17 +51,17 @@ demo: install
 storage: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m services.s3
 
-# PYTEST_WORKERS=2: two worker processes (pytest-xdist), a test module to one worker (--dist loadscope:
-# a module's servers and stores are set up once), each with its own Prefect home (tests/conftest.py).
-# Off by default: in a worker that ran other modules first, loading SmolLM2 left lm_head on the meta
-# device (6 failures, docs/operations/tests.md); 0 runs the suite in one process, as CI did.
-PYTEST_WORKERS ?= 0
+# Two pytest-xdist workers by default (PYTEST_WORKERS=0: one process), a test module to a worker
+# (--dist loadscope: a module's servers and stores are set up once), each worker with its own Prefect
+# home (tests/conftest.py). The servers and subprocesses the tests start wait on I/O much of the time,
+# so two workers keep both cores busy (docs/operations/tests.md).
+PYTEST_WORKERS ?= 2
 test: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope
 
 # The inner loop: unit tests only, no server, subprocess pipeline or model training (marked slow/e2e).
 test-fast: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not slow and not e2e"
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow and not e2e"
 
 # `make test` with line coverage of the project's packages ([tool.coverage] in pyproject.toml).
 coverage: install
