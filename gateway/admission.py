@@ -42,13 +42,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import math
 import statistics
 import time
 from dataclasses import dataclass
 
-from gateway.errors import RequestError
-from gateway.serving import ARRIVED
+from gateway.errors import RequestError, error_headers
+from gateway.serving import ARRIVED, DOOR_CHECKED
 
 LAG_INTERVAL_S = 0.005  # the loop-lag timer's period
 LAG_WINDOW = 4  # ticks: the lag must stay high this long (≈ 20 ms) before the door closes
@@ -117,17 +118,42 @@ class Admission:
         return RequestError(503, f"the gateway is overloaded ({why}); retry after {self.retry_after_s:g} s",
                             "server_error", "overloaded", retry_after_s=self.retry_after_s)
 
-    async def acquire(self, arrived_at: float | None = None) -> None:
-        """Admit a request that reached the kernel at `arrived_at` (default: now), or raise the 503."""
+    def door(self, arrived_at: float | None = None) -> RequestError | None:
+        """The checks a request meets as it reaches the door, before it could wait: the loop's lag, a late
+        request behind a standing queue, a full queue, no time left to wait for a slot. Returns the
+        refusal (counted), or None. Synchronous, so that the HTTP protocol can make them as soon as a
+        request's headers are parsed (gateway/serving.py): refused there, a request costs no task, no
+        framework and no body. `acquire(checked=True)` then does not repeat them."""
         if self._timer is None and math.isfinite(self.max_loop_lag_s):
             self._timer = asyncio.get_running_loop().create_task(self._watch_lag())
         if len(self._lags) == LAG_WINDOW and min(self._lags) > self.max_loop_lag_s:
-            raise self.overloaded(f"its event loop runs {min(self._lags) * 1000:.0f} ms late", "shed_loop_lag")
+            return self.overloaded(f"its event loop runs {min(self._lags) * 1000:.0f} ms late", "shed_loop_lag")
+        now = self.clock()
+        waited = now - (now if arrived_at is None else min(arrived_at, now))
+        if self._door_queue_standing(now, waited) and waited > self.max_queue_wait_s:  # late, behind a standing queue
+            return self.overloaded(f"the request waited {waited * 1000:.0f} ms before it was read", "shed_late")
+        if self._waiters or self.stats.in_flight >= self.limit:  # it would wait for a slot
+            self._limit_reached = True
+            if len(self._waiters) >= self.max_queue:
+                return self.overloaded(f"{self.stats.in_flight} requests in flight and {len(self._waiters)} waiting",
+                                       "shed_queue_full")
+            if self._wait_left(now, waited) <= 0:
+                return self.overloaded(f"no slot within {waited * 1000:.0f} ms of its arrival", "shed_queue_wait")
+        return None
+
+    def _wait_left(self, now: float, waited: float) -> float:
+        """How long a request that has waited `waited` may still wait for a slot."""
+        wait = self.max_queue_wait_s - waited
+        return min(wait, STANDING_WAIT_S) if self.standing(now) else wait
+
+    async def acquire(self, arrived_at: float | None = None, checked: bool = False) -> None:
+        """Admit a request that reached the kernel at `arrived_at` (default: now), or raise the 503.
+        `checked`: the door's checks were made already (`door`, at the HTTP protocol)."""
+        if not checked and (refusal := self.door(arrived_at)) is not None:
+            raise refusal
         now = self.clock()
         arrived = now if arrived_at is None else min(arrived_at, now)
         waited = now - arrived
-        if self._door_queue_standing(now, waited) and waited > self.max_queue_wait_s:  # late, behind a standing queue
-            raise self.overloaded(f"the request waited {waited * 1000:.0f} ms before it was read", "shed_late")
         if not self._waiters:
             self._empty_at = now
             if self.stats.in_flight < self.limit:
@@ -138,9 +164,7 @@ class Admission:
         if len(self._waiters) >= self.max_queue:
             raise self.overloaded(f"{self.stats.in_flight} requests in flight and {len(self._waiters)} waiting",
                                   "shed_queue_full")
-        wait = self.max_queue_wait_s - waited
-        if self.standing(now):
-            wait = min(wait, STANDING_WAIT_S)
+        wait = self._wait_left(now, waited)
         slot = asyncio.get_running_loop().create_future()
         self._waiters.append((arrived, slot))
         self.stats.waiting = len(self._waiters)
@@ -258,6 +282,39 @@ class Admission:
 
 
 ADMITTED, WORKER_CALLED = "admitted_at", "worker_called_at"  # scope["state"] keys (the app sets the second)
+ADMITTED_PATHS = ("/v1/chat/completions",)  # the requests admission control applies to
+STATUS_TEXT = {503: b"Service Unavailable"}
+
+
+class EarlyDoor:
+    """The door's first checks (`Admission.door`), made by the HTTP protocol as soon as a request's headers
+    are parsed (gateway/serving.py finds this object as the `routerops_door` attribute of the app it
+    serves). A refusal there is written as bytes, before uvicorn makes the request's task and before
+    the framework sees it, and the body is read and dropped: under 3x overload two requests in three
+    are refused, and through the framework each refusal cost a good part of what serving one did."""
+
+    def __init__(self, admission: Admission, paths: tuple[str, ...] = ADMITTED_PATHS, on_refused=None):
+        self.admission, self.paths, self.on_refused = admission, paths, on_refused
+
+    def check(self, path: str, arrived_at: float) -> bytes | bool:
+        """False: not a path admission applies to; True: the checks passed (the middleware takes the slot);
+        else the whole refusal (503, Retry-After) to write."""
+        if path not in self.paths:
+            return False
+        refusal = self.admission.door(arrived_at)
+        if refusal is None:
+            return True
+        if self.on_refused is not None:
+            self.on_refused(refusal)
+        return http_error(refusal)
+
+
+def http_error(exc: RequestError) -> bytes:
+    """An OpenAI-format error as a whole HTTP/1.1 response (the headers of gateway/app.py's error_response)."""
+    body = json.dumps(exc.body()).encode()
+    head = [b"HTTP/1.1 %d %s" % (exc.status, STATUS_TEXT.get(exc.status, b"Error")), b"content-type: application/json",
+            b"content-length: %d" % len(body), *(f"{k}: {v}".encode() for k, v in error_headers(exc).items())]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
 class AdmissionMiddleware:
@@ -265,9 +322,9 @@ class AdmissionMiddleware:
     admitted request's response carries `Server-Timing: wait;dur=…, gateway;dur=…, worker;dur=…` (ms:
     arrival to slot, slot to worker call, worker call to response)."""
 
-    def __init__(self, app, admission: Admission, paths: tuple[str, ...] = ("/v1/chat/completions",),
-                 on_refused=None):
+    def __init__(self, app, admission: Admission, paths: tuple[str, ...] = ADMITTED_PATHS, on_refused=None):
         self.app, self.admission, self.paths, self.on_refused = app, admission, paths, on_refused
+        self.routerops_door = EarlyDoor(admission, paths, on_refused)  # served as the outermost app itself
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] not in self.paths:
@@ -275,7 +332,7 @@ class AdmissionMiddleware:
         state = scope.setdefault("state", {})
         arrived = state.get(ARRIVED)  # from the kernel (gateway/serving.py); absent on other servers
         try:
-            await self.admission.acquire(arrived)
+            await self.admission.acquire(arrived, checked=state.get(DOOR_CHECKED, False))
         except RequestError as exc:
             from gateway.app import error_response  # the one renderer of errors
 
