@@ -258,18 +258,21 @@ def endpoint_process(conn, delay_s: float) -> None:
 class LoadGenerator:
     """The client and the endpoint, each in its own process (spawned: nothing of this one is inherited)."""
 
-    def __init__(self, delay_s: float):
+    def __init__(self, delay_s: float | None):
+        """`delay_s` None: no endpoint (a client alone)."""
         ctx = multiprocessing.get_context("spawn")
         self._client, child = ctx.Pipe()
         self.client = ctx.Process(target=client_process, args=(child,), daemon=True)
-        self._endpoint, child_e = ctx.Pipe()
-        self.endpoint = ctx.Process(target=endpoint_process, args=(child_e, delay_s), daemon=True)
         self.client.start()
-        self.endpoint.start()
-        if not self._endpoint.poll(120):
-            self.close()
-            raise RuntimeError("the delayed endpoint did not start")
-        self.endpoint_url = self._endpoint.recv()
+        self._endpoint = self.endpoint = self.endpoint_url = None
+        if delay_s is not None:
+            self._endpoint, child_e = ctx.Pipe()
+            self.endpoint = ctx.Process(target=endpoint_process, args=(child_e, delay_s), daemon=True)
+            self.endpoint.start()
+            if not self._endpoint.poll(120):
+                self.close()
+                raise RuntimeError("the delayed endpoint did not start")
+            self.endpoint_url = self._endpoint.recv()
 
     def run(self, url: str, headers: dict, model: str, texts: list[str], rate: float, n: int) -> dict[str, np.ndarray]:
         self._client.send((url, [request_bytes(url, headers, model, text) for text in texts], rate, n))
@@ -277,6 +280,8 @@ class LoadGenerator:
 
     def close(self) -> None:
         for conn, proc in ((self._client, self.client), (self._endpoint, self.endpoint)):
+            if conn is None:
+                continue
             try:
                 conn.send(None)
             except OSError:
