@@ -7,10 +7,12 @@ MiniLM embeddings is fitted, registered in a temporary MLflow store and promoted
 gateway runs as its own process (`python -m stages.cli gateway serve`) in front of the endpoint.
 Every arm sends the same open-loop schedule (one request every 1/rate s, each timed from its own send
 time) of queries drawn from a fixed set whose embeddings the gateway has already cached (one warm-up
-pass): the cached-embedding router of the target. This process loads MiniLM and MLflow to fit and
-register the router (~10^6 objects); they are frozen out of the garbage collector before the arms,
-whose client and endpoint run here, so that a full collection of this process (0.2-0.8 s on a 2-core
-machine) is not timed into any arm.
+pass): the cached-embedding router of the target. The load generator (LoadGenerator below) is two
+processes of its own, spawned: the client (uvloop; each request's bytes built once and written on a
+plain keep-alive socket, the answer read by the stream reader) and the endpoint, so that neither
+shares an interpreter lock with the other or with this process, which loads MiniLM and MLflow to fit
+and register the router. (Before, the client was httpx, in this process, with the endpoint in a
+thread of it: at 600 req/s it was the bottleneck, beyond the gateway's own time by p99 0.53 s.)
 
 The gateway runs twice, on uvicorn's default stack (uvloop + httptools) and on asyncio + h11, and
 the arms (direct, each stack) alternate over `--rounds` rounds, so a shared machine's drifting load
@@ -24,12 +26,15 @@ passes flags to `gateway serve`, e.g. `--gateway-arg=--max-loop-lag-ms=5`; `--wo
 the added p50/p99 of the admitted requests (answered 200) over the direct arm, the share shed (503
 with Retry-After), other statuses and dropped connections. The capacity is the highest rate whose
 added p99 is within TARGET_P99_ADDED_MS with nothing dropped; the shed share above it says how the
-excess was refused. The client shares the cores with the gateway and runs the endpoint in a thread, so
-each rate also keeps the server's view of the admitted requests (their `Server-Timing`: wait from the
-arrival in the kernel, the gateway's work to the worker call, the worker call), how late the client
-sent (its schedule vs its sends, in both arms), the CPU each process got, and the load average.
+excess was refused. The client shares the cores with the gateway and the endpoint, so each rate also
+keeps the server's view of the admitted requests (their `Server-Timing`: wait from the arrival in the
+kernel, the gateway's work to the worker call, the worker call), how late the client sent (its
+schedule vs its sends, in both arms), the CPU each process got (the gateway's with its children:
+`--workers N`), and the load average. `--seconds S` sends at least rate x S requests per rate (500
+requests at 600 req/s last 0.8 s, less than the adaptive limit needs to settle).
 
     python benchmarks/gateway_overhead.py --sweep 50,100,150,200,300 --requests 600 --out benchmarks/results/gateway_sweep.json
+    python benchmarks/gateway_overhead.py --sweep 200,400,600 --seconds 5 --workers 2
 """
 
 from __future__ import annotations
