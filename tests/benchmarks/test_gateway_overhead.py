@@ -85,3 +85,16 @@ def test_run_arm_requires_every_answer_to_be_a_200_unless_statuses_are_kept(benc
     assert views["server_timing_ms"].tolist() == [[1.0, 2.0, 20.0]]
     with pytest.raises(RuntimeError, match=r"\[0, 200, 503\]"):
         bench.run_arm(Generator(), "http://h:1/v1", {}, "auto", ["q"], 10, 3)
+
+
+def test_a_rate_is_within_target_only_in_both_views_with_nothing_dropped(bench):
+    def row(client_p99, server_p99, dropped=0, other=()):
+        return {"admitted": 10, "dropped_connections": dropped, "other_statuses": list(other),
+                "added": {"p99_ms": client_p99}, "server_view": {"added": {"p99_ms": server_p99}}}
+
+    assert bench.within_target(row(10.0, 12.0))
+    assert not bench.within_target(row(-180.0, 40.0))  # a starved direct arm hid 40 ms in the gateway
+    assert not bench.within_target(row(20.0, 5.0))
+    assert not bench.within_target(row(5.0, 5.0, dropped=1))
+    assert not bench.within_target(row(5.0, 5.0, other=[500]))
+    assert not bench.within_target({**row(5.0, 5.0), "admitted": 0})
