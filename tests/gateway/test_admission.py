@@ -14,8 +14,8 @@ import pytest
 import uvicorn
 
 from gateway import admission
-from gateway.admission import (ADMITTED, INITIAL_LIMIT, MIN_LIMIT, OVERHEAD_MIN_SAMPLES, OVERHEAD_WINDOW_S,
-                               WORKER_CALLED, Admission, AdmissionMiddleware)
+from gateway.admission import (ADMITTED, INITIAL_LIMIT, LATE_ALWAYS_FACTOR, MIN_LIMIT, OVERHEAD_MIN_SAMPLES,
+                               OVERHEAD_WINDOW_S, WORKER_CALLED, Admission, AdmissionMiddleware)
 from gateway.app import error_response
 from gateway.errors import RequestError
 from gateway.serving import ARRIVED, DOOR_CHECKED, StampedHttpToolsProtocol, kernel_wait_s
@@ -54,6 +54,20 @@ def test_behind_a_standing_queue_a_request_that_waited_past_the_bound_is_refused
     clock.t += OVERHEAD_WINDOW_S * 1.5  # a new window, one late request in it: a burst, served
     asyncio.run(door.acquire(clock.t - 0.03))
     assert door.stats.shed_late == 2 and door.stats.admitted == OVERHEAD_MIN_SAMPLES + 3
+
+
+def test_a_request_that_waited_twice_the_bound_is_refused_even_without_a_standing_queue():
+    """After a stall of the process the window before it has expired: the first requests read make no
+    standing queue. One that waited 1.5x the bound is served (a burst); one that waited past
+    LATE_ALWAYS_FACTOR times it is refused, its answer late whatever is done."""
+    clock = Clock()
+    door = Admission(max_queue_wait_s=0.02, clock=clock)
+    asyncio.run(door.acquire(clock.t - 0.03))
+    assert door.stats.admitted == 1
+    refused(door, arrived_at=clock.t - 0.02 * LATE_ALWAYS_FACTOR - 0.005)
+    assert door.stats.shed_late == 1 and door.stats.admitted == 1
+    asyncio.run(door.acquire(clock.t - 0.02 * LATE_ALWAYS_FACTOR + 0.001))  # within it: served
+    assert door.stats.admitted == 2
 
 
 async def settle() -> None:
