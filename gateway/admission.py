@@ -25,10 +25,12 @@ the database thread), shared with every request in flight. Each is bounded here:
   OVERHEAD_MIN_SAMPLES requests) the median *overhead* of the admitted requests (from the slot to the
   worker call: parsing, decision, reservation) is compared with the target, the unloaded overhead
   (the smallest of the last BASELINE_WINDOW_S: a remote database's round trips are not a queue) plus
-  `max_overhead_ms`. Above it the limit shrinks by their ratio (at most by half, never below
-  MIN_LIMIT); at or below it, and only if the limit was reached in the window, it grows by its square
-  root. With `max_overhead_ms` 0 the limit is `max_in_flight`, fixed.
-- the event loop's lag (`max_loop_lag_ms`, 0: not watched): a timer measures how late a
+  `max_overhead_ms`; the event loop's median lag in the window (the timer below) is added to the
+  overhead, as the answers wait through it after the worker call. Above it the limit shrinks by
+  their ratio (at most by half, never below MIN_LIMIT); at or below it, and only if the limit was
+  reached in the window, it grows by its square root. With `max_overhead_ms` 0 the limit is
+  `max_in_flight`, fixed.
+- the event loop's lag (`max_loop_lag_ms`, 0: no refusal on it): a timer measures how late a
   `sleep(interval)` wakes up; while the lag of the last LAG_WINDOW ticks stays above it, new requests
   are refused too (`loop_lag`).
 
@@ -83,6 +85,7 @@ class AdmissionStats:
     limit: int = 0  # requests served at once, now (adaptive with max_overhead_ms > 0)
     loop_lag_ms: float = 0.0  # the latest window's smallest lag
     overhead_ms: float = 0.0  # the latest window's median request overhead
+    window_loop_lag_ms: float = 0.0  # the latest window's median loop lag (added to the overhead for the limit)
     baseline_overhead_ms: float = 0.0  # the smallest of the last minute: the unloaded overhead
 
     @property
@@ -113,6 +116,7 @@ class Admission:
         self._door_waits: collections.deque[tuple[float, float]] = collections.deque()  # (when, waited), window minima
         self._door_count: collections.deque[float] = collections.deque()  # when each request reached the door
         self._lags: collections.deque[float] = collections.deque(maxlen=LAG_WINDOW)
+        self._window_lags: list[float] = []  # the loop's lag, tick by tick, since _window_start
         self._timer: asyncio.Task | None = None
 
     @property
@@ -130,8 +134,8 @@ class Admission:
         refusal (counted), or None. Synchronous, so that the HTTP protocol can make them as soon as a
         request's headers are parsed (gateway/serving.py): refused there, a request costs no task, no
         framework and no body. `acquire(checked=True)` then does not repeat them."""
-        if self._timer is None and math.isfinite(self.max_loop_lag_s):
-            self._timer = asyncio.get_running_loop().create_task(self._watch_lag())
+        if self.adaptive or math.isfinite(self.max_loop_lag_s):
+            self._watch_lag_on(asyncio.get_running_loop())
         if len(self._lags) == LAG_WINDOW and min(self._lags) > self.max_loop_lag_s:
             return self.overloaded(f"its event loop runs {min(self._lags) * 1000:.0f} ms late", "shed_loop_lag")
         now = self.clock()
@@ -230,7 +234,14 @@ class Admission:
             self._revise_limit(now)
 
     def _revise_limit(self, now: float) -> None:
-        sample, baseline = statistics.median(self._window), self._baseline[0][1]
+        # The sample is the gateway's own queueing: the median overhead before the worker call, plus the
+        # median lag of its event loop in the window, which every step after the call waits through too
+        # (reading the worker's answer, writing the response). Measured on the overhead alone, the limit
+        # stayed high at 2x capacity while the answers waited on the loop: p99 108 ms from worker call
+        # to response (benchmarks/gateway_overhead.py, quiet machine, 400 req/s).
+        overhead = statistics.median(self._window)
+        lag = statistics.median(self._window_lags) if self._window_lags else 0.0
+        sample, baseline = overhead + lag, self._baseline[0][1]
         target = baseline + self.max_overhead_s
         limit = self.limit
         if sample > target:  # a queue inside the gateway: serve fewer at once (Gradient: limit * target/sample)
@@ -238,8 +249,9 @@ class Admission:
         elif self._limit_reached:  # fast, and more would have come in: room to grow
             limit = min(self.max_in_flight, limit + max(1, math.isqrt(limit)))
         self.stats.limit = limit
-        self.stats.overhead_ms, self.stats.baseline_overhead_ms = sample * 1000, baseline * 1000
-        self._window, self._window_start, self._limit_reached = [], now, False
+        self.stats.overhead_ms, self.stats.baseline_overhead_ms = overhead * 1000, baseline * 1000
+        self.stats.window_loop_lag_ms = lag * 1000
+        self._window, self._window_lags, self._window_start, self._limit_reached = [], [], now, False
         while self._waiters and self.stats.in_flight < self.limit:  # a larger limit: hand out the new slots
             self.stats.in_flight += 1
             self._hand_slot()
@@ -274,13 +286,22 @@ class Admission:
         if not self._waiters:
             self._empty_at = self.clock()
 
+    def _watch_lag_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The lag timer runs on the loop that serves (a new one where an earlier loop has ended: tests)."""
+        if self._timer is None or self._timer.get_loop() is not loop:
+            self._timer = loop.create_task(self._watch_lag())
+
     async def _watch_lag(self) -> None:
         while True:
             start = time.perf_counter()
             await asyncio.sleep(LAG_INTERVAL_S)
-            lag = max(time.perf_counter() - start - LAG_INTERVAL_S, 0.0)
-            self._lags.append(lag)
-            self.stats.loop_lag_ms = min(self._lags) * 1000
+            self.observe_lag(max(time.perf_counter() - start - LAG_INTERVAL_S, 0.0))
+
+    def observe_lag(self, lag_s: float) -> None:
+        """One tick of the lag timer: how late a LAG_INTERVAL_S sleep of the event loop woke up."""
+        self._lags.append(lag_s)
+        self._window_lags.append(lag_s)
+        self.stats.loop_lag_ms = min(self._lags) * 1000
 
     def close(self) -> None:
         if self._timer is not None:

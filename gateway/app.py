@@ -396,6 +396,8 @@ class Gateway:
                   "# TYPE routerops_gateway_limit gauge", f"routerops_gateway_limit {a.limit}",
                   "# TYPE routerops_gateway_loop_lag_ms gauge", f"routerops_gateway_loop_lag_ms {a.loop_lag_ms:.3f}",
                   "# TYPE routerops_gateway_overhead_ms gauge", f"routerops_gateway_overhead_ms {a.overhead_ms:.3f}",
+                  "# TYPE routerops_gateway_window_loop_lag_ms gauge",
+                  f"routerops_gateway_window_loop_lag_ms {a.window_loop_lag_ms:.3f}",
                   "# TYPE routerops_gateway_baseline_overhead_ms gauge",
                   f"routerops_gateway_baseline_overhead_ms {a.baseline_overhead_ms:.3f}",
                   "# TYPE routerops_gateway_responses_total counter"]

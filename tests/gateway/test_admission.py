@@ -107,6 +107,22 @@ def test_the_limit_shrinks_while_the_gateway_queues_and_grows_back_only_when_rea
     assert door.stats.in_flight == 0
 
 
+def test_a_lagging_event_loop_shrinks_the_limit_though_the_overhead_before_the_call_is_small():
+    """The answers wait through the loop's lag after the worker call: the limit's sample is the median
+    overhead plus the window's median lag (ticks fed as the lag timer does)."""
+    clock = Clock()
+    door = Admission(max_in_flight=64, max_queue=0, max_overhead_ms=5.0, clock=clock)
+    assert feed(door, clock, 0.001) == INITIAL_LIMIT  # the baseline: 1 ms, no lag
+    for _ in range(20):
+        door.observe_lag(0.0005)  # a loop that keeps up: within the 1 + 5 ms target
+    assert feed(door, clock, 0.001) == INITIAL_LIMIT
+    for _ in range(20):
+        door.observe_lag(0.011)  # 11 ms late: 1 + 11 ms against 6 ms, the limit halves
+    assert feed(door, clock, 0.001) == INITIAL_LIMIT // 2
+    assert door.stats.window_loop_lag_ms == pytest.approx(11.0) and door.stats.overhead_ms == pytest.approx(1.0)
+    assert feed(door, clock, 0.001) == INITIAL_LIMIT // 2  # the lag gone (no ticks): unchanged, not reached
+
+
 def test_a_fixed_limit_without_a_target():
     door = Admission(max_in_flight=3, max_queue=0)
     for _ in range(3 * OVERHEAD_MIN_SAMPLES):
