@@ -596,6 +596,7 @@ def create_app(gw: Gateway) -> FastAPI:
     app = FastAPI(title="routerops gateway", description="OpenAI-compatible routing gateway", lifespan=lifespan,
                   version="1", docs_url=None, redoc_url=None)
     app.state.gateway = gw
+
     def on_refused(exc: RequestError) -> None:
         gw.count(f"status_{exc.status}")
 
