@@ -25,7 +25,8 @@ rate, rates in increasing order, the gateway started once with its admission con
 passes flags to `gateway serve`, e.g. `--gateway-arg=--max-loop-lag-ms=5`; `--workers N`). Per rate:
 the added p50/p99 of the admitted requests (answered 200) over the direct arm, the share shed (503
 with Retry-After), other statuses and dropped connections. The capacity is the highest rate whose
-added p99 is within TARGET_P99_ADDED_MS with nothing dropped; the shed share above it says how the
+added p99 is within TARGET_P99_ADDED_MS in both views (the client's and Server-Timing's) with nothing
+dropped (`within_target`); the shed share above it says how the
 excess was refused. The client shares the cores with the gateway and the endpoint, so each rate also
 keeps the server's view of the admitted requests (their `Server-Timing`: wait from the arrival in the
 kernel, the gateway's work to the worker call, the worker call), how late the client sent (its
