@@ -13,7 +13,8 @@ the database thread), shared with every request in flight. Each is bounded here:
   stands (CoDel's test: every request at the door in the last OVERHEAD_WINDOW_S, at least
   OVERHEAD_MIN_SAMPLES of them, had waited more than STANDING_WAIT_S), a request that has waited
   `max_queue_wait_s` by the time the door sees it is refused at once (`late`); a burst (the process
-  descheduled for a moment) is served, as refusing it would spare no one. A request that must wait
+  descheduled for a moment) is served, as refusing it would spare no one, unless a request of it
+  waited LATE_ALWAYS_FACTOR times that bound (its answer is late whatever is done). A request that must wait
   for a slot waits only what is left of that bound (`queue_wait`), behind at most `max_queue` others
   (`queue_full`). Refusing costs a fraction of serving, so the kernel's queue drains.
   Once the waiters' queue has not been empty for OVERHEAD_WINDOW_S it is standing, and it is run as
@@ -24,10 +25,12 @@ the database thread), shared with every request in flight. Each is bounded here:
   OVERHEAD_MIN_SAMPLES requests) the median *overhead* of the admitted requests (from the slot to the
   worker call: parsing, decision, reservation) is compared with the target, the unloaded overhead
   (the smallest of the last BASELINE_WINDOW_S: a remote database's round trips are not a queue) plus
-  `max_overhead_ms`. Above it the limit shrinks by their ratio (at most by half, never below
-  MIN_LIMIT); at or below it, and only if the limit was reached in the window, it grows by its square
-  root. With `max_overhead_ms` 0 the limit is `max_in_flight`, fixed.
-- the event loop's lag (`max_loop_lag_ms`, 0: not watched): a timer measures how late a
+  `max_overhead_ms`; the event loop's median lag in the window (the timer below) is added to the
+  overhead, as the answers wait through it after the worker call. Above it the limit shrinks by
+  their ratio (at most by half, never below MIN_LIMIT); at or below it, and only if the limit was
+  reached in the window, it grows by its square root. With `max_overhead_ms` 0 the limit is
+  `max_in_flight`, fixed.
+- the event loop's lag (`max_loop_lag_ms`, 0: no refusal on it): a timer measures how late a
   `sleep(interval)` wakes up; while the lag of the last LAG_WINDOW ticks stays above it, new requests
   are refused too (`loop_lag`).
 
@@ -42,13 +45,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import math
 import statistics
 import time
 from dataclasses import dataclass
 
-from gateway.errors import RequestError
-from gateway.serving import ARRIVED
+from gateway.errors import RequestError, error_headers
+from gateway.serving import ARRIVED, DOOR_CHECKED
 
 LAG_INTERVAL_S = 0.005  # the loop-lag timer's period
 LAG_WINDOW = 4  # ticks: the lag must stay high this long (≈ 20 ms) before the door closes
@@ -61,6 +65,11 @@ MIN_LIMIT = 2  # the adaptive limit's floor: a gateway this slow still serves, t
 # empty for OVERHEAD_WINDOW_S is standing; then a new waiter waits at most STANDING_WAIT_S (M = 5 ms
 # there) and a free slot goes to the newest waiter, not the oldest, which has the least time left.
 STANDING_WAIT_S = 0.005
+# A request that waited this many times max_queue_wait_s before the door saw it is refused even without a
+# standing queue. After a stall of the process (150 ms at 600 req/s on the quiet machine), the window
+# before it has expired and the few requests read first make no standing queue: they were admitted
+# with 155 ms behind them, the p99 of all admitted requests. Its answer would be that late anyway.
+LATE_ALWAYS_FACTOR = 2.0
 
 
 @dataclass
@@ -76,6 +85,7 @@ class AdmissionStats:
     limit: int = 0  # requests served at once, now (adaptive with max_overhead_ms > 0)
     loop_lag_ms: float = 0.0  # the latest window's smallest lag
     overhead_ms: float = 0.0  # the latest window's median request overhead
+    window_loop_lag_ms: float = 0.0  # the latest window's median loop lag (added to the overhead for the limit)
     baseline_overhead_ms: float = 0.0  # the smallest of the last minute: the unloaded overhead
 
     @property
@@ -106,6 +116,7 @@ class Admission:
         self._door_waits: collections.deque[tuple[float, float]] = collections.deque()  # (when, waited), window minima
         self._door_count: collections.deque[float] = collections.deque()  # when each request reached the door
         self._lags: collections.deque[float] = collections.deque(maxlen=LAG_WINDOW)
+        self._window_lags: list[float] = []  # the loop's lag, tick by tick, since _window_start
         self._timer: asyncio.Task | None = None
 
     @property
@@ -117,17 +128,43 @@ class Admission:
         return RequestError(503, f"the gateway is overloaded ({why}); retry after {self.retry_after_s:g} s",
                             "server_error", "overloaded", retry_after_s=self.retry_after_s)
 
-    async def acquire(self, arrived_at: float | None = None) -> None:
-        """Admit a request that reached the kernel at `arrived_at` (default: now), or raise the 503."""
-        if self._timer is None and math.isfinite(self.max_loop_lag_s):
-            self._timer = asyncio.get_running_loop().create_task(self._watch_lag())
+    def door(self, arrived_at: float | None = None) -> RequestError | None:
+        """The checks a request meets as it reaches the door, before it could wait: the loop's lag, a late
+        request behind a standing queue, a full queue, no time left to wait for a slot. Returns the
+        refusal (counted), or None. Synchronous, so that the HTTP protocol can make them as soon as a
+        request's headers are parsed (gateway/serving.py): refused there, a request costs no task, no
+        framework and no body. `acquire(checked=True)` then does not repeat them."""
+        if self.adaptive or math.isfinite(self.max_loop_lag_s):
+            self._watch_lag_on(asyncio.get_running_loop())
         if len(self._lags) == LAG_WINDOW and min(self._lags) > self.max_loop_lag_s:
-            raise self.overloaded(f"its event loop runs {min(self._lags) * 1000:.0f} ms late", "shed_loop_lag")
+            return self.overloaded(f"its event loop runs {min(self._lags) * 1000:.0f} ms late", "shed_loop_lag")
+        now = self.clock()
+        waited = now - (now if arrived_at is None else min(arrived_at, now))
+        standing = self._door_queue_standing(now, waited)
+        if waited > self.max_queue_wait_s and (standing or waited > LATE_ALWAYS_FACTOR * self.max_queue_wait_s):
+            return self.overloaded(f"the request waited {waited * 1000:.0f} ms before it was read", "shed_late")
+        if self._waiters or self.stats.in_flight >= self.limit:  # it would wait for a slot
+            self._limit_reached = True
+            if len(self._waiters) >= self.max_queue:
+                return self.overloaded(f"{self.stats.in_flight} requests in flight and {len(self._waiters)} waiting",
+                                       "shed_queue_full")
+            if self._wait_left(now, waited) <= 0:
+                return self.overloaded(f"no slot within {waited * 1000:.0f} ms of its arrival", "shed_queue_wait")
+        return None
+
+    def _wait_left(self, now: float, waited: float) -> float:
+        """How long a request that has waited `waited` may still wait for a slot."""
+        wait = self.max_queue_wait_s - waited
+        return min(wait, STANDING_WAIT_S) if self.standing(now) else wait
+
+    async def acquire(self, arrived_at: float | None = None, checked: bool = False) -> None:
+        """Admit a request that reached the kernel at `arrived_at` (default: now), or raise the 503.
+        `checked`: the door's checks were made already (`door`, at the HTTP protocol)."""
+        if not checked and (refusal := self.door(arrived_at)) is not None:
+            raise refusal
         now = self.clock()
         arrived = now if arrived_at is None else min(arrived_at, now)
         waited = now - arrived
-        if self._door_queue_standing(now, waited) and waited > self.max_queue_wait_s:  # late, behind a standing queue
-            raise self.overloaded(f"the request waited {waited * 1000:.0f} ms before it was read", "shed_late")
         if not self._waiters:
             self._empty_at = now
             if self.stats.in_flight < self.limit:
@@ -138,9 +175,7 @@ class Admission:
         if len(self._waiters) >= self.max_queue:
             raise self.overloaded(f"{self.stats.in_flight} requests in flight and {len(self._waiters)} waiting",
                                   "shed_queue_full")
-        wait = self.max_queue_wait_s - waited
-        if self.standing(now):
-            wait = min(wait, STANDING_WAIT_S)
+        wait = self._wait_left(now, waited)
         slot = asyncio.get_running_loop().create_future()
         self._waiters.append((arrived, slot))
         self.stats.waiting = len(self._waiters)
@@ -199,7 +234,14 @@ class Admission:
             self._revise_limit(now)
 
     def _revise_limit(self, now: float) -> None:
-        sample, baseline = statistics.median(self._window), self._baseline[0][1]
+        # The sample is the gateway's own queueing: the median overhead before the worker call, plus the
+        # median lag of its event loop in the window, which every step after the call waits through too
+        # (reading the worker's answer, writing the response). Measured on the overhead alone, the limit
+        # stayed high at 2x capacity while the answers waited on the loop: p99 108 ms from worker call
+        # to response (benchmarks/gateway_overhead.py, quiet machine, 400 req/s).
+        overhead = statistics.median(self._window)
+        lag = statistics.median(self._window_lags) if self._window_lags else 0.0
+        sample, baseline = overhead + lag, self._baseline[0][1]
         target = baseline + self.max_overhead_s
         limit = self.limit
         if sample > target:  # a queue inside the gateway: serve fewer at once (Gradient: limit * target/sample)
@@ -207,8 +249,9 @@ class Admission:
         elif self._limit_reached:  # fast, and more would have come in: room to grow
             limit = min(self.max_in_flight, limit + max(1, math.isqrt(limit)))
         self.stats.limit = limit
-        self.stats.overhead_ms, self.stats.baseline_overhead_ms = sample * 1000, baseline * 1000
-        self._window, self._window_start, self._limit_reached = [], now, False
+        self.stats.overhead_ms, self.stats.baseline_overhead_ms = overhead * 1000, baseline * 1000
+        self.stats.window_loop_lag_ms = lag * 1000
+        self._window, self._window_lags, self._window_start, self._limit_reached = [], [], now, False
         while self._waiters and self.stats.in_flight < self.limit:  # a larger limit: hand out the new slots
             self.stats.in_flight += 1
             self._hand_slot()
@@ -243,13 +286,22 @@ class Admission:
         if not self._waiters:
             self._empty_at = self.clock()
 
+    def _watch_lag_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The lag timer runs on the loop that serves (a new one where an earlier loop has ended: tests)."""
+        if self._timer is None or self._timer.get_loop() is not loop:
+            self._timer = loop.create_task(self._watch_lag())
+
     async def _watch_lag(self) -> None:
         while True:
             start = time.perf_counter()
             await asyncio.sleep(LAG_INTERVAL_S)
-            lag = max(time.perf_counter() - start - LAG_INTERVAL_S, 0.0)
-            self._lags.append(lag)
-            self.stats.loop_lag_ms = min(self._lags) * 1000
+            self.observe_lag(max(time.perf_counter() - start - LAG_INTERVAL_S, 0.0))
+
+    def observe_lag(self, lag_s: float) -> None:
+        """One tick of the lag timer: how late a LAG_INTERVAL_S sleep of the event loop woke up."""
+        self._lags.append(lag_s)
+        self._window_lags.append(lag_s)
+        self.stats.loop_lag_ms = min(self._lags) * 1000
 
     def close(self) -> None:
         if self._timer is not None:
@@ -258,6 +310,39 @@ class Admission:
 
 
 ADMITTED, WORKER_CALLED = "admitted_at", "worker_called_at"  # scope["state"] keys (the app sets the second)
+ADMITTED_PATHS = ("/v1/chat/completions",)  # the requests admission control applies to
+STATUS_TEXT = {503: b"Service Unavailable"}
+
+
+class EarlyDoor:
+    """The door's first checks (`Admission.door`), made by the HTTP protocol as soon as a request's headers
+    are parsed (gateway/serving.py finds this object as the `routerops_door` attribute of the app it
+    serves). A refusal there is written as bytes, before uvicorn makes the request's task and before
+    the framework sees it, and the body is read and dropped: half the CPU of a refusal through the
+    framework (45 against 103 µs, benchmarks/gateway_refusal_cost.py), and no task in the loop."""
+
+    def __init__(self, admission: Admission, paths: tuple[str, ...] = ADMITTED_PATHS, on_refused=None):
+        self.admission, self.paths, self.on_refused = admission, paths, on_refused
+
+    def check(self, path: str, arrived_at: float) -> bytes | bool:
+        """False: not a path admission applies to; True: the checks passed (the middleware takes the slot);
+        else the whole refusal (503, Retry-After) to write."""
+        if path not in self.paths:
+            return False
+        refusal = self.admission.door(arrived_at)
+        if refusal is None:
+            return True
+        if self.on_refused is not None:
+            self.on_refused(refusal)
+        return http_error(refusal)
+
+
+def http_error(exc: RequestError) -> bytes:
+    """An OpenAI-format error as a whole HTTP/1.1 response (the headers of gateway/app.py's error_response)."""
+    body = json.dumps(exc.body()).encode()
+    head = [b"HTTP/1.1 %d %s" % (exc.status, STATUS_TEXT.get(exc.status, b"Error")), b"content-type: application/json",
+            b"content-length: %d" % len(body), *(f"{k}: {v}".encode() for k, v in error_headers(exc).items())]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
 class AdmissionMiddleware:
@@ -265,9 +350,9 @@ class AdmissionMiddleware:
     admitted request's response carries `Server-Timing: wait;dur=…, gateway;dur=…, worker;dur=…` (ms:
     arrival to slot, slot to worker call, worker call to response)."""
 
-    def __init__(self, app, admission: Admission, paths: tuple[str, ...] = ("/v1/chat/completions",),
-                 on_refused=None):
+    def __init__(self, app, admission: Admission, paths: tuple[str, ...] = ADMITTED_PATHS, on_refused=None):
         self.app, self.admission, self.paths, self.on_refused = app, admission, paths, on_refused
+        self.routerops_door = EarlyDoor(admission, paths, on_refused)  # served as the outermost app itself
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] not in self.paths:
@@ -275,7 +360,7 @@ class AdmissionMiddleware:
         state = scope.setdefault("state", {})
         arrived = state.get(ARRIVED)  # from the kernel (gateway/serving.py); absent on other servers
         try:
-            await self.admission.acquire(arrived)
+            await self.admission.acquire(arrived, checked=state.get(DOOR_CHECKED, False))
         except RequestError as exc:
             from gateway.app import error_response  # the one renderer of errors
 

@@ -40,9 +40,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import openapi
-from gateway.admission import ADMITTED, WORKER_CALLED, Admission, AdmissionMiddleware
+from gateway.admission import ADMITTED, ADMITTED_PATHS, WORKER_CALLED, Admission, AdmissionMiddleware, EarlyDoor
 from gateway.champion import Champion, Champions
-from gateway.errors import RequestError
+from gateway.errors import RequestError, error_headers
 from gateway.critiqued import answer_critiqued
 from gateway.families import CRITIQUE, ORCHESTRATOR, ChatMappingError
 from gateway.orchestrated import OrchestraRunner, answer_orchestrated
@@ -111,12 +111,7 @@ class GatewayConfig:
 
 
 def error_response(exc: RequestError) -> JSONResponse:
-    # x-should-retry: false stops the openai SDK from retrying a 429 that waiting will not cure.
-    headers = {"x-should-retry": "false"} if exc.status in (401, 429) else {}
-    if exc.retry_after_s is not None:  # overload (gateway/admission.py): the SDK waits this long, then retries
-        headers.update({"retry-after": str(max(1, math.ceil(exc.retry_after_s))),
-                        "retry-after-ms": str(int(exc.retry_after_s * 1000))})
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=error_headers(exc))
 
 
 @dataclass
@@ -401,6 +396,8 @@ class Gateway:
                   "# TYPE routerops_gateway_limit gauge", f"routerops_gateway_limit {a.limit}",
                   "# TYPE routerops_gateway_loop_lag_ms gauge", f"routerops_gateway_loop_lag_ms {a.loop_lag_ms:.3f}",
                   "# TYPE routerops_gateway_overhead_ms gauge", f"routerops_gateway_overhead_ms {a.overhead_ms:.3f}",
+                  "# TYPE routerops_gateway_window_loop_lag_ms gauge",
+                  f"routerops_gateway_window_loop_lag_ms {a.window_loop_lag_ms:.3f}",
                   "# TYPE routerops_gateway_baseline_overhead_ms gauge",
                   f"routerops_gateway_baseline_overhead_ms {a.baseline_overhead_ms:.3f}",
                   "# TYPE routerops_gateway_responses_total counter"]
@@ -599,8 +596,14 @@ def create_app(gw: Gateway) -> FastAPI:
     app = FastAPI(title="routerops gateway", description="OpenAI-compatible routing gateway", lifespan=lifespan,
                   version="1", docs_url=None, redoc_url=None)
     app.state.gateway = gw
-    app.add_middleware(AdmissionMiddleware, admission=gw.admission,
-                       on_refused=lambda exc: gw.count(f"status_{exc.status}"))
+
+    def on_refused(exc: RequestError) -> None:
+        gw.count(f"status_{exc.status}")
+
+    app.add_middleware(AdmissionMiddleware, admission=gw.admission, paths=ADMITTED_PATHS, on_refused=on_refused)
+    # `gateway serve`'s protocol makes the door's first checks as a request's headers are parsed, and
+    # writes a refusal itself (gateway/serving.py): it finds them here.
+    app.routerops_door = EarlyDoor(gw.admission, ADMITTED_PATHS, on_refused)
 
     # Every error is an OpenAI-format body {"error": {message, type, param, code}}: ours, the
     # framework's (unknown path, wrong method), and anything unforeseen (a 500 without a traceback).

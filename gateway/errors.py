@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class RequestError(Exception):
     """A request the gateway answers with an OpenAI-format error (status, message, type, param, code);
@@ -16,3 +18,14 @@ class RequestError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def error_headers(exc: RequestError) -> dict[str, str]:
+    """The headers of an error answer: Retry-After on overload (gateway/admission.py: the openai SDK waits
+    that long, then retries); x-should-retry: false stops it from retrying a 401 or 429 that waiting
+    will not cure."""
+    headers = {"x-should-retry": "false"} if exc.status in (401, 429) else {}
+    if exc.retry_after_s is not None:
+        headers.update({"retry-after": str(max(1, math.ceil(exc.retry_after_s))),
+                        "retry-after-ms": str(int(exc.retry_after_s * 1000))})
+    return headers

@@ -14,11 +14,11 @@ import pytest
 import uvicorn
 
 from gateway import admission
-from gateway.admission import (ADMITTED, INITIAL_LIMIT, MIN_LIMIT, OVERHEAD_MIN_SAMPLES, OVERHEAD_WINDOW_S,
-                               WORKER_CALLED, Admission, AdmissionMiddleware)
+from gateway.admission import (ADMITTED, INITIAL_LIMIT, LATE_ALWAYS_FACTOR, MIN_LIMIT, OVERHEAD_MIN_SAMPLES,
+                               OVERHEAD_WINDOW_S, WORKER_CALLED, Admission, AdmissionMiddleware)
 from gateway.app import error_response
 from gateway.errors import RequestError
-from gateway.serving import ARRIVED, StampedHttpToolsProtocol, kernel_wait_s
+from gateway.serving import ARRIVED, DOOR_CHECKED, StampedHttpToolsProtocol, kernel_wait_s
 
 
 class Clock:
@@ -56,6 +56,20 @@ def test_behind_a_standing_queue_a_request_that_waited_past_the_bound_is_refused
     assert door.stats.shed_late == 2 and door.stats.admitted == OVERHEAD_MIN_SAMPLES + 3
 
 
+def test_a_request_that_waited_twice_the_bound_is_refused_even_without_a_standing_queue():
+    """After a stall of the process the window before it has expired: the first requests read make no
+    standing queue. One that waited 1.5x the bound is served (a burst); one that waited past
+    LATE_ALWAYS_FACTOR times it is refused, its answer late whatever is done."""
+    clock = Clock()
+    door = Admission(max_queue_wait_s=0.02, clock=clock)
+    asyncio.run(door.acquire(clock.t - 0.03))
+    assert door.stats.admitted == 1
+    refused(door, arrived_at=clock.t - 0.02 * LATE_ALWAYS_FACTOR - 0.005)
+    assert door.stats.shed_late == 1 and door.stats.admitted == 1
+    asyncio.run(door.acquire(clock.t - 0.02 * LATE_ALWAYS_FACTOR + 0.001))  # within it: served
+    assert door.stats.admitted == 2
+
+
 async def settle() -> None:
     """Let every ready task run (a handed slot reaches its waiter through shield and wait_for)."""
     for _ in range(20):
@@ -91,6 +105,22 @@ def test_the_limit_shrinks_while_the_gateway_queues_and_grows_back_only_when_rea
     door.release()
     door.release()
     assert door.stats.in_flight == 0
+
+
+def test_a_lagging_event_loop_shrinks_the_limit_though_the_overhead_before_the_call_is_small():
+    """The answers wait through the loop's lag after the worker call: the limit's sample is the median
+    overhead plus the window's median lag (ticks fed as the lag timer does)."""
+    clock = Clock()
+    door = Admission(max_in_flight=64, max_queue=0, max_overhead_ms=5.0, clock=clock)
+    assert feed(door, clock, 0.001) == INITIAL_LIMIT  # the baseline: 1 ms, no lag
+    for _ in range(20):
+        door.observe_lag(0.0005)  # a loop that keeps up: within the 1 + 5 ms target
+    assert feed(door, clock, 0.001) == INITIAL_LIMIT
+    for _ in range(20):
+        door.observe_lag(0.011)  # 11 ms late: 1 + 11 ms against 6 ms, the limit halves
+    assert feed(door, clock, 0.001) == INITIAL_LIMIT // 2
+    assert door.stats.window_loop_lag_ms == pytest.approx(11.0) and door.stats.overhead_ms == pytest.approx(1.0)
+    assert feed(door, clock, 0.001) == INITIAL_LIMIT // 2  # the lag gone (no ticks): unchanged, not reached
 
 
 def test_a_fixed_limit_without_a_target():
@@ -203,5 +233,102 @@ def test_a_request_left_in_the_kernel_by_a_blocked_loop_is_refused_with_retry_af
         go.set()
         first.close()
         second.close()
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+class Spy:
+    """The served app: counts the requests uvicorn hands to the app (a task each), wraps the door's middleware."""
+
+    def __init__(self, app):
+        self.app, self.calls = app, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            self.calls += 1
+        await self.app(scope, receive, send)
+
+
+def serve(app) -> tuple[uvicorn.Server, threading.Thread, int]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, http=StampedHttpToolsProtocol, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    return server, thread, sock.getsockname()[1]
+
+
+def read_answers(sock: socket.socket, n: int) -> tuple[list[tuple[int, dict[str, str], bytes]], bytes]:
+    """`n` whole HTTP/1.1 answers (Content-Length bodies) from `sock`, and what followed them."""
+    buffer, answers = b"", []
+    while len(answers) < n:
+        while b"\r\n\r\n" not in buffer:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed after {len(answers)} answers"
+            buffer += chunk
+        head, buffer = buffer.split(b"\r\n\r\n", 1)
+        lines = head.decode().split("\r\n")
+        fields = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+        while len(buffer) < int(fields["content-length"]):
+            buffer += sock.recv(65536)
+        size = int(fields["content-length"])
+        answers.append((int(lines[0].split()[1]), fields, buffer[:size]))
+        buffer = buffer[size:]
+    return answers, buffer
+
+
+def chat_post(body: bytes, version: str = "1.1") -> bytes:
+    return (f"POST /v1/chat/completions HTTP/{version}\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def test_a_refusal_is_written_by_the_protocol_before_the_app_and_the_connection_serves_on():
+    """With every slot taken and no queue, a chat request is refused as its headers are parsed: the app
+    is never called (no task, no framework), its body is dropped unread, and the next request on the
+    same connection, sent in the same write, is parsed whole; once a slot is free it is served."""
+    door = Admission(max_in_flight=1, max_queue=0)
+
+    async def app(scope, receive, send):
+        assert scope["state"].get(DOOR_CHECKED) is True  # the protocol's checks are not repeated
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    refused_seen: list[RequestError] = []
+    spy = Spy(AdmissionMiddleware(app, door, on_refused=refused_seen.append))
+    server, thread, port = serve(spy)
+    asyncio.run(door.acquire())  # the one slot, taken
+    conn = socket.create_connection(("127.0.0.1", port))
+    try:
+        # the first body is not a request: were it parsed as one, the connection would answer 400
+        conn.sendall(chat_post(b"GET / HTTP/1.1\r\n\r\n") + chat_post(b'{"model": "auto"}'))
+        answers, rest = read_answers(conn, 2)
+        assert rest == b""
+        for status, fields, body in answers:
+            error = json.loads(body)["error"]
+            assert status == 503 and fields["retry-after"] == "1" and fields["retry-after-ms"] == "1000"
+            assert fields["content-type"] == "application/json" and error["code"] == "overloaded"
+            assert error["type"] == "server_error" and "server" not in fields  # not uvicorn's response path
+        assert spy.calls == 0 and door.stats.shed_queue_full == 2 and door.stats.shed == 2
+        assert [e.status for e in refused_seen] == [503, 503]
+        door.release()
+        conn.sendall(chat_post(b"{}"))
+        [(status, _, body)], _ = read_answers(conn, 1)
+        assert (status, body) == (200, b"ok") and spy.calls == 1 and door.stats.admitted == 2
+        assert door.stats.shed == 2  # the door counted each request once
+        for _ in range(1000):  # the middleware gives the slot back just after the answer is written
+            if door.stats.in_flight == 0:
+                break
+            time.sleep(0.01)
+        # HTTP/1.0 (no keep-alive): refused, then the connection is closed
+        asyncio.run(door.acquire())
+        old = socket.create_connection(("127.0.0.1", port))
+        old.sendall(chat_post(b"{}", version="1.0"))
+        [(status, fields, _)], _ = read_answers(old, 1)
+        assert status == 503 and fields["connection"] == "close" and old.recv(1) == b""
+        old.close()
+    finally:
+        conn.close()
         server.should_exit = True
         thread.join(timeout=10)

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 import threading
+import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+import uvicorn
 
 from evaluation.serving import ServedRouter
 from gateway.app import Gateway, GatewayConfig, create_app
 from gateway.champion import Champion, Champions
+from gateway.serving import StampedHttpToolsProtocol
 from gateway.store import Store, period_start, read_decisions
 from models.base import RoutingData
 from models.baselines import LogisticRouter, QueryFeaturizer
@@ -138,3 +142,42 @@ def test_answers_do_not_wait_for_settlement_and_shutdown_writes_every_one(router
     assert sorted(logged.decision_id) == sorted(r.json()["routerops"]["decision_id"] for r in responses)
     spent, reserved = Store(served.db_url).spend(served.info.key_id, period_start("day"))
     assert reserved == 0 and spent == pytest.approx(sum(r.json()["routerops"]["cost_usd"] for r in responses))
+
+
+def test_gateway_serve_refuses_overload_at_the_protocol_and_counts_it(router, tmp_path):
+    """`gateway serve`'s protocol finds the app's door (gateway/app.py): with the one slot taken, a chat
+    request is refused before the app (no uvicorn response path: no `server` header), with Retry-After,
+    and counted once in /metrics; other paths are not admission's."""
+    endpoint_url = DelayedEndpoint(delay_s=0.0)
+    url = endpoint_url.__enter__()
+    pool = dataclasses.replace(POOL, workers=tuple(
+        dataclasses.replace(w, endpoint=url) if w.kind == "llm" else w for w in POOL.workers))
+    champions = Champions([NAME], pool, BOOK)
+    champions._current[NAME] = Champion(NAME, "1", router, "now")
+    gw = Gateway(GatewayConfig(routers=(NAME,), db_url=f"sqlite:///{tmp_path / 'gw.db'}", max_in_flight=1,
+                               max_queue=0), pool, BOOK, champions=champions)
+    key, _ = gw.store.create_key(1.0, "day")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(gw), http=StampedHttpToolsProtocol, log_level="warning"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {key}"}) as c:
+            assert c.post(f"{base}/v1/chat/completions", json=BODY).status_code == 200
+            asyncio.run(gw.admission.acquire())  # the one slot, taken
+            refused = c.post(f"{base}/v1/chat/completions", json=BODY)
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+            assert refused.json()["error"]["code"] == "overloaded" and "server" not in refused.headers
+            assert c.get(f"{base}/v1/models").status_code == 200  # not admission's path
+            metrics = c.get(f"{base}/metrics").text
+        assert 'routerops_gateway_responses_total{status="503"} 1' in metrics
+        assert 'routerops_gateway_shed_total{reason="queue_full"} 1' in metrics
+        gw.admission.release()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        endpoint_url.__exit__(None, None, None)
