@@ -31,6 +31,7 @@ from gateway.errors import RequestError
 MAX_JSON_DEPTH = 64  # deeper than any chat request or tool schema needs; far below the decoder's recursion limit
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 MEDIA_PARTS = ("image_url", "input_audio", "file")
+IMAGE_DETAILS = ("auto", "low", "high")  # OpenAI's `image_url.detail`, as gateway/openapi.py documents it
 # Content part types each role may send (OpenAI's chat-completions message schemas).
 PARTS_BY_ROLE = {"system": ("text",), "developer": ("text",), "user": ("text", *MEDIA_PARTS),
                  "assistant": ("text", "refusal"), "tool": ("text",), "function": ("text",)}
@@ -268,8 +269,12 @@ def check_part(part: Any, role: str, where: str) -> None:
             raise invalid(f"{where}.{kind}", "a string", part.get(kind))
     elif not isinstance(part.get(kind), dict):
         raise invalid(f"{where}.{kind}", "an object", part.get(kind))
-    elif kind == "image_url" and not isinstance(part[kind].get("url"), str):
-        raise invalid(f"{where}.image_url.url", "a string", part[kind].get("url"))
+    elif kind == "image_url":
+        if not isinstance(part[kind].get("url"), str):
+            raise invalid(f"{where}.image_url.url", "a string", part[kind].get("url"))
+        if "detail" in part[kind] and part[kind]["detail"] not in IMAGE_DETAILS:
+            raise RequestError(400, f"`{where}.image_url.detail` {short(part[kind]['detail'])} is not one of: "
+                                    f"{', '.join(IMAGE_DETAILS)}", code="invalid_value", param=f"{where}.image_url.detail")
 
 
 def check_function(fn: Any, where: str, arguments: bool = False) -> None:

@@ -175,3 +175,16 @@ def test_a_null_max_completion_tokens_does_not_hide_max_tokens():
     # found by the longer run: a valid max_completion_tokens beside max_tokens 0 was a 200
     with pytest.raises(RequestError):
         check_chat_request({**body, "max_tokens": 0, "max_completion_tokens": 5})
+
+
+def test_an_image_detail_outside_openais_values_is_our_400():
+    # found by Schemathesis (tests/gateway/test_schema_fuzz.py): {"detail": "0"} was a 200
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA==", "detail": "0"}}
+    body = {"model": "auto", "messages": [{"role": "user", "content": [part]}]}
+    with pytest.raises(RequestError) as info:
+        check_chat_request(body)
+    assert_ours(info.value)
+    assert info.value.body()["error"]["param"] == "messages[0].content[0].image_url.detail"
+    for detail in ("auto", "low", "high"):
+        part["image_url"]["detail"] = detail
+        check_chat_request(body)
