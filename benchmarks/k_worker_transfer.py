@@ -1,7 +1,7 @@
 """Trained elsewhere: fit on two of the nine-model table's query clusters, score the third (issue 28, item 3).
 
     cd <repo> && nice -n 5 env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 \\
-        python benchmarks/k_worker_transfer.py [--routers knn logistic mf mlp calibrated] [--sample 0.1]
+        python benchmarks/k_worker_transfer.py [--routers knn logistic mf mlp calibrated] [--sample 0.1] [--update]
 
 Protocol: LLMRouter's `cluster_id` (kept by import-llmrouter as dataset `dcrouter/c<k>`) splits the
 5,608 queries in three. For each held-out cluster, routers are fitted on every query of the other
@@ -18,7 +18,10 @@ Two read-outs per (router, held-out cluster):
   gemma-2-9b-it (weak, $0.1) vs llama-3.1-nemotron-51b-instruct (strong, $0.9), routers fitted on
   that projection: the issue's off-table goal is APGR ≥ 0.65;
 - nine workers: accuracy at ≤ 15 % / ≤ 50 % of the best single model's cost on the held-out queries.
-Writes benchmarks/results/k_worker_transfer.json (+ .md).
+Writes benchmarks/results/k_worker_transfer.json (+ .md). `--update` keeps the rows of the routers not
+rerun from the existing file (same protocol, same seeded target samples), so adding a router fits only
+it. An ensemble of `models.registry.ENSEMBLES` is scored as the mean of its members' predictions,
+each member fitted once per (held-out part, workers) however many listed routers share it.
 
 `--protocol gsm8k-steps` (issue 28's "GSM8K → MATH-500 style" transfer): MATH-500 in ../shared has
 problems but no logged outcomes of any model, let alone RouteLLM's two, so no router can be scored
@@ -53,7 +56,7 @@ from evaluation.replay import (cross_fit, knob_grid, operating_points, resample_
 from routerops import metrics  # noqa: E402
 from models.base import RoutingData  # noqa: E402
 from models.kworkers import CalibratedRouter  # noqa: E402
-from models.registry import make_router  # noqa: E402
+from models.registry import ENSEMBLES, make_router  # noqa: E402
 from routerops.schema import write_json_atomic, write_text_atomic  # noqa: E402
 
 WEAK, STRONG = "gemma-2-9b-it", "llama-3.1-nemotron-51b-instruct"
@@ -98,6 +101,31 @@ def fitted(name: str, train: RoutingData, sample: RoutingData):
     return router
 
 
+def quality_of(name: str, train: RoutingData, sample: RoutingData, scored: RoutingData, memo: dict) -> np.ndarray:
+    """`name`'s predicted quality on `scored`, fitted on `train` (see `fitted`), memoised in `memo`
+    (one dict per train / scored pair). An ensemble is its members' mean, as EnsembleRouter and
+    k_worker_routing.predictions compute it, so a member listed on its own is not fitted twice."""
+    if name not in memo:
+        if name in ENSEMBLES:
+            memo[name] = np.mean([quality_of(m, train, sample, scored, memo) for m in ENSEMBLES[name]], axis=0)
+        else:
+            memo[name] = fitted(name, train, sample).predict_quality(scored)
+    return memo[name]
+
+
+def merged_rows(out: Path, rows: list[dict], fraction: float) -> list[dict]:
+    """`--update`: the existing file's rows of every router not in `rows`, then `rows`."""
+    if not out.is_file():
+        raise FileNotFoundError(f"--update: {out} does not exist; run without --update first")
+    import json
+
+    old = json.loads(out.read_text(encoding="utf-8"))
+    if old.get("sample_fraction") != fraction:
+        raise ValueError(f"--update: {out} was written with --sample {old.get('sample_fraction')}, not {fraction}")
+    rerun = {r["router"] for r in rows}
+    return [r for r in old["rows"] if r["router"] not in rerun] + rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
@@ -109,6 +137,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sample", type=float, default=0.1, help="share of the target cluster given as labels")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/k_worker_transfer[_gsm8k].json")
     parser.add_argument("--protocol", choices=["clusters", "gsm8k-steps"], default="clusters")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the existing --out file's rows of the routers not rerun (adds routers to its tables)")
     args = parser.parse_args(argv)
     if args.protocol == "gsm8k-steps":
         return gsm8k_steps(args)
@@ -129,9 +159,9 @@ def main(argv=None) -> int:
         for k_workers in ("two", "nine"):
             view = project(data, [WEAK, STRONG]) if k_workers == "two" else data
             train, sample, scored = view.subset(source), view.subset(sample_rows), view.subset(scored_rows)
+            memo: dict = {}
             for name in args.routers:
-                router = fitted(name, train, sample)
-                quality = router.predict_quality(scored)
+                quality = quality_of(name, train, sample, scored, memo)
                 row = {"held_out": held, "workers": k_workers, "router": name, "n_train": len(train),
                        "n_scored": len(scored)}
                 if k_workers == "two":
@@ -151,6 +181,8 @@ def main(argv=None) -> int:
             row["apgr_lo"], row["apgr_hi"] = apgr_interval(quality, view)
             rows.append(row)
             print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    if args.update:
+        rows = merged_rows(args.out, rows, args.sample)
     table = pd.DataFrame(rows)
     two_rows = table[table.workers == "two"]
     two = two_rows.pivot(index="router", columns="held_out", values="apgr")
@@ -213,19 +245,22 @@ def gsm8k_steps(args) -> int:
         sample_rows = np.sort(rng.choice(target, size=int(round(args.sample * len(target))), replace=False))
         scored_rows = np.setdiff1d(target, sample_rows)
         train, sample, scored = data.subset(source), data.subset(sample_rows), data.subset(scored_rows)
+        memo: dict = {}
         for name in args.routers:
-            quality = fitted(name, train, sample).predict_quality(scored)
+            quality = quality_of(name, train, sample, scored, memo)
             rows.append(_apgr_row(direction, name, len(train), scored, quality))
         for name in args.in_cluster:
             quality = cross_fit(scored, lambda seed, _n=name: make_router(_n, seed), k=5, seed=0)
             rows.append(_apgr_row(direction, f"{name} [in-target 5-fold]", len(scored) - len(scored) // 5, scored,
                                   quality))
+    out = args.out or kw.RESULTS / "k_worker_transfer_gsm8k.json"
+    if args.update:
+        rows = merged_rows(out, rows, args.sample)
     table = pd.DataFrame(rows)
     apgr = table.pivot(index="router", columns="direction", values="apgr")
     apgr["mean"] = apgr.mean(axis=1)
     ci = table.assign(ci=[f"[{lo:.3f}, {hi:.3f}]" for lo, hi in zip(table.apgr_lo, table.apgr_hi)])
     apgr = apgr.round(3).join(ci.pivot(index="router", columns="direction", values="ci").add_suffix(" 95% CI"))
-    out = args.out or kw.RESULTS / "k_worker_transfer_gsm8k.json"
     result = {"benchmark": "k_worker_transfer", "protocol": "gsm8k-steps", "issue": 28,
               "table": "RouteLLM gsm8k_responses.csv (1,307 kept prompts), Mixtral-8x7B vs GPT-4-1106",
               "split": f"source/target by calculator steps in GSM8K's reference answer: ≤ {GSM8K_MAX_EASY_STEPS} vs more",
