@@ -16,7 +16,8 @@ cluster (5 folds), so the gap to it is what training elsewhere costs.
 Two read-outs per (router, held-out cluster):
 - APGR (RouteLLM's definition, evaluation.replay.two_worker_metrics) on the two-worker projection
   gemma-2-9b-it (weak, $0.1) vs llama-3.1-nemotron-51b-instruct (strong, $0.9), routers fitted on
-  that projection: the issue's off-table goal is APGR ≥ 0.65;
+  that projection: the issue's off-table goal is APGR ≥ 0.65; each held-out cluster's 95 % bootstrap
+  interval, and one for the mean over the three (each cluster resampled on its own);
 - nine workers: accuracy at ≤ 15 % / ≤ 50 % of the best single model's cost on the held-out queries.
 Writes benchmarks/results/k_worker_transfer.json (+ .md). `--update` keeps the rows of the routers not
 rerun from the existing file (same protocol, same seeded target samples), so adding a router fits only
@@ -40,6 +41,7 @@ logged answer's length). Writes benchmarks/results/k_worker_transfer_gsm8k.json 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -79,14 +81,31 @@ def curve_at_budgets(router, quality: np.ndarray, data: RoutingData) -> dict:
     return out
 
 
-def apgr_interval(quality: np.ndarray, data: RoutingData, n_boot: int = 1000) -> tuple[float, float]:
-    """95 % percentile bootstrap interval of APGR over resamples of the scored queries."""
+def apgr_resamples(quality: np.ndarray, data: RoutingData, n_boot: int = 1000) -> np.ndarray:
+    """(n_boot,) APGR on bootstrap resamples of the scored queries (NaN where undefined), seed 0."""
     strong, weak = strong_weak(data)
-    values = metrics.apgr_of_resamples(strong_call_score(quality, data), data.scores[:, strong], data.scores[:, weak],
-                                       resample_counts(len(data), n_boot, 0))
+    return metrics.apgr_of_resamples(strong_call_score(quality, data), data.scores[:, strong], data.scores[:, weak],
+                                     resample_counts(len(data), n_boot, 0))
+
+
+def percentile_interval(values: np.ndarray) -> tuple[float, float]:
     values = values[~np.isnan(values)]
     lo, hi = np.percentile(values, [2.5, 97.5])
     return float(lo), float(hi)
+
+
+def apgr_interval(quality: np.ndarray, data: RoutingData, n_boot: int = 1000) -> tuple[float, float]:
+    """95 % percentile bootstrap interval of APGR over resamples of the scored queries."""
+    return percentile_interval(apgr_resamples(quality, data, n_boot))
+
+
+def mean_interval(by_part: dict[str, np.ndarray], parts: list[str]) -> tuple[float, float] | None:
+    """95 % interval of the mean APGR over held-out parts: the parts' queries are disjoint, so each is
+    resampled on its own and replicate b's mean is the mean of the parts' replicates b (a stratified
+    bootstrap, Efron & Tibshirani 1993 §8.2). None unless every part was scored."""
+    if any(p not in by_part for p in parts):
+        return None
+    return percentile_interval(np.mean([by_part[p] for p in parts], axis=0))
 
 
 def fitted(name: str, train: RoutingData, sample: RoutingData):
@@ -117,8 +136,6 @@ def merged_rows(out: Path, rows: list[dict], fraction: float) -> list[dict]:
     """`--update`: the existing file's rows of every router not in `rows`, then `rows`."""
     if not out.is_file():
         raise FileNotFoundError(f"--update: {out} does not exist; run without --update first")
-    import json
-
     old = json.loads(out.read_text(encoding="utf-8"))
     if old.get("sample_fraction") != fraction:
         raise ValueError(f"--update: {out} was written with --sample {old.get('sample_fraction')}, not {fraction}")
@@ -149,8 +166,9 @@ def main(argv=None) -> int:
 
     frame = pd.read_parquet(kw.CACHE / "dcrouter.parquet")
     cluster = frame.drop_duplicates("query_id").set_index("query_id")["dataset"].reindex(data.query_ids).to_numpy()
-    rows = []
-    for held in sorted(set(cluster)):
+    rows, boots = [], {}  # boots: router → held-out cluster → its bootstrap APGRs
+    parts = sorted(set(cluster))
+    for held in parts:
         source = np.flatnonzero(cluster != held)
         target = np.flatnonzero(cluster == held)
         rng = np.random.default_rng(0)
@@ -166,7 +184,8 @@ def main(argv=None) -> int:
                        "n_scored": len(scored)}
                 if k_workers == "two":
                     row.update(two_worker_metrics(quality, scored))
-                    row["apgr_lo"], row["apgr_hi"] = apgr_interval(quality, scored)
+                    boots.setdefault(name, {})[held] = values = apgr_resamples(quality, scored)
+                    row["apgr_lo"], row["apgr_hi"] = percentile_interval(values)
                 else:
                     row.update(curve_at_budgets(make_router(name.partition("+")[0], 0), quality, scored))
                 rows.append(row)
@@ -178,20 +197,25 @@ def main(argv=None) -> int:
             quality = cross_fit(view, lambda seed, _n=name: make_router(_n, seed), k=5, seed=0)
             row = {"held_out": held, "workers": "two", "router": f"{name} [in-cluster 5-fold]", "n_train": len(view) - len(view) // 5,
                    "n_scored": len(view), **two_worker_metrics(quality, view)}
-            row["apgr_lo"], row["apgr_hi"] = apgr_interval(quality, view)
+            boots.setdefault(row["router"], {})[held] = values = apgr_resamples(quality, view)
+            row["apgr_lo"], row["apgr_hi"] = percentile_interval(values)
             rows.append(row)
             print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    mean_ci = {name: ci for name, by_part in boots.items() if (ci := mean_interval(by_part, parts))}
     if args.update:
         rows = merged_rows(args.out, rows, args.sample)
+        kept = json.loads(args.out.read_text(encoding="utf-8")).get("apgr_mean_95ci", {})
+        mean_ci = {**{r: ci for r, ci in kept.items() if r in {row["router"] for row in rows}}, **mean_ci}
     table = pd.DataFrame(rows)
     two_rows = table[table.workers == "two"]
     two = two_rows.pivot(index="router", columns="held_out", values="apgr")
     two["mean"] = two.mean(axis=1)
+    two["mean 95% CI"] = [f"[{mean_ci[r][0]:.3f}, {mean_ci[r][1]:.3f}]" if r in mean_ci else "" for r in two.index]
     ci = two_rows.assign(ci=[f"[{lo:.3f}, {hi:.3f}]" for lo, hi in zip(two_rows.apgr_lo, two_rows.apgr_hi)])
     two = two.round(3).join(ci.pivot(index="router", columns="held_out", values="ci").add_suffix(" 95% CI"))
     nine = table[table.workers == "nine"].groupby("router")[["acc_at_15", "acc_at_50", "best_single_accuracy"]].mean()
     result = {"benchmark": "k_worker_transfer", "issue": 28, "price_book": book, "sample_fraction": args.sample,
-              "weak": WEAK, "strong": STRONG, "rows": rows,
+              "weak": WEAK, "strong": STRONG, "rows": rows, "apgr_mean_95ci": mean_ci,
               "apgr_by_held_out_cluster": two.reset_index().to_dict("records"),
               "nine_workers_mean_over_held_out": nine.reset_index().to_dict("records"),
               "machine": "OMP/MKL 1 thread, nice 5, beside another CPU job"}

@@ -98,3 +98,14 @@ def test_update_keeps_the_rows_of_routers_not_rerun(tmp_path):
         kt.merged_rows(out, rows, 0.2)
     with pytest.raises(FileNotFoundError, match="--update"):
         kt.merged_rows(tmp_path / "absent.json", rows, 0.1)
+
+
+def test_the_mean_interval_resamples_each_held_out_part_on_its_own():
+    rng = np.random.default_rng(0)
+    by_part = {"c0": rng.normal(0.6, 0.05, 1000), "c1": rng.normal(0.8, 0.05, 1000)}
+    by_part["c1"][3] = np.nan  # APGR undefined on one replicate: that replicate is dropped
+    lo, hi = kt.mean_interval(by_part, ["c0", "c1"])
+    assert lo < 0.7 < hi
+    # independent parts average out: the mean's interval is narrower than either part's
+    assert hi - lo < min(np.subtract(*kt.percentile_interval(v)[::-1]) for v in by_part.values())
+    assert kt.mean_interval(by_part, ["c0", "c1", "c2"]) is None  # a part never scored: no interval
