@@ -1,4 +1,4 @@
-"""One more try at issue 28's ≤ 15 % goal, read on validation only: `lexical` with the kNN neighbours' outcome rates as features, and a per-worker calibration of `lexical_ensemble`.
+"""Issue 28's ≤ 15 % goal, one more try on val: neighbour-rate features for `lexical`; a calibrated ensemble.
 
     cd <repo> && nice -n 19 env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 \\
         python benchmarks/k_worker_goal15_val.py [--data ../shared/data] [--weights 1 3] [--test]
