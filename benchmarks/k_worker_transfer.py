@@ -1,7 +1,7 @@
 """Trained elsewhere: fit on two of the nine-model table's query clusters, score the third (issue 28, item 3).
 
     cd <repo> && nice -n 5 env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 \\
-        python benchmarks/k_worker_transfer.py [--routers knn logistic mf mlp calibrated] [--sample 0.1]
+        python benchmarks/k_worker_transfer.py [--routers knn logistic mf mlp calibrated] [--sample 0.1] [--update]
 
 Protocol: LLMRouter's `cluster_id` (kept by import-llmrouter as dataset `dcrouter/c<k>`) splits the
 5,608 queries in three. For each held-out cluster, routers are fitted on every query of the other
@@ -16,9 +16,13 @@ cluster (5 folds), so the gap to it is what training elsewhere costs.
 Two read-outs per (router, held-out cluster):
 - APGR (RouteLLM's definition, evaluation.replay.two_worker_metrics) on the two-worker projection
   gemma-2-9b-it (weak, $0.1) vs llama-3.1-nemotron-51b-instruct (strong, $0.9), routers fitted on
-  that projection: the issue's off-table goal is APGR ≥ 0.65;
+  that projection: the issue's off-table goal is APGR ≥ 0.65; each held-out cluster's 95 % bootstrap
+  interval, and one for the mean over the three (each cluster resampled on its own);
 - nine workers: accuracy at ≤ 15 % / ≤ 50 % of the best single model's cost on the held-out queries.
-Writes benchmarks/results/k_worker_transfer.json (+ .md).
+Writes benchmarks/results/k_worker_transfer.json (+ .md). `--update` keeps the rows of the routers not
+rerun from the existing file (same protocol, same seeded target samples), so adding a router fits only
+it. An ensemble of `models.registry.ENSEMBLES` is scored as the mean of its members' predictions,
+each member fitted once per (held-out part, workers) however many listed routers share it.
 
 `--protocol gsm8k-steps` (issue 28's "GSM8K → MATH-500 style" transfer): MATH-500 in ../shared has
 problems but no logged outcomes of any model, let alone RouteLLM's two, so no router can be scored
@@ -37,6 +41,7 @@ logged answer's length). Writes benchmarks/results/k_worker_transfer_gsm8k.json 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -53,7 +58,7 @@ from evaluation.replay import (cross_fit, knob_grid, operating_points, resample_
 from routerops import metrics  # noqa: E402
 from models.base import RoutingData  # noqa: E402
 from models.kworkers import CalibratedRouter  # noqa: E402
-from models.registry import make_router  # noqa: E402
+from models.registry import ENSEMBLES, make_router  # noqa: E402
 from routerops.schema import write_json_atomic, write_text_atomic  # noqa: E402
 
 WEAK, STRONG = "gemma-2-9b-it", "llama-3.1-nemotron-51b-instruct"
@@ -76,14 +81,31 @@ def curve_at_budgets(router, quality: np.ndarray, data: RoutingData) -> dict:
     return out
 
 
-def apgr_interval(quality: np.ndarray, data: RoutingData, n_boot: int = 1000) -> tuple[float, float]:
-    """95 % percentile bootstrap interval of APGR over resamples of the scored queries."""
+def apgr_resamples(quality: np.ndarray, data: RoutingData, n_boot: int = 1000) -> np.ndarray:
+    """(n_boot,) APGR on bootstrap resamples of the scored queries (NaN where undefined), seed 0."""
     strong, weak = strong_weak(data)
-    values = metrics.apgr_of_resamples(strong_call_score(quality, data), data.scores[:, strong], data.scores[:, weak],
-                                       resample_counts(len(data), n_boot, 0))
+    return metrics.apgr_of_resamples(strong_call_score(quality, data), data.scores[:, strong], data.scores[:, weak],
+                                     resample_counts(len(data), n_boot, 0))
+
+
+def percentile_interval(values: np.ndarray) -> tuple[float, float]:
     values = values[~np.isnan(values)]
     lo, hi = np.percentile(values, [2.5, 97.5])
     return float(lo), float(hi)
+
+
+def apgr_interval(quality: np.ndarray, data: RoutingData, n_boot: int = 1000) -> tuple[float, float]:
+    """95 % percentile bootstrap interval of APGR over resamples of the scored queries."""
+    return percentile_interval(apgr_resamples(quality, data, n_boot))
+
+
+def mean_interval(by_part: dict[str, np.ndarray], parts: list[str]) -> tuple[float, float] | None:
+    """95 % interval of the mean APGR over held-out parts: the parts' queries are disjoint, so each is
+    resampled on its own and replicate b's mean is the mean of the parts' replicates b (a stratified
+    bootstrap, Efron & Tibshirani 1993 §8.2). None unless every part was scored."""
+    if any(p not in by_part for p in parts):
+        return None
+    return percentile_interval(np.mean([by_part[p] for p in parts], axis=0))
 
 
 def fitted(name: str, train: RoutingData, sample: RoutingData):
@@ -98,6 +120,29 @@ def fitted(name: str, train: RoutingData, sample: RoutingData):
     return router
 
 
+def quality_of(name: str, train: RoutingData, sample: RoutingData, scored: RoutingData, memo: dict) -> np.ndarray:
+    """`name`'s predicted quality on `scored`, fitted on `train` (see `fitted`), memoised in `memo`
+    (one dict per train / scored pair). An ensemble is its members' mean, as EnsembleRouter and
+    k_worker_routing.predictions compute it, so a member listed on its own is not fitted twice."""
+    if name not in memo:
+        if name in ENSEMBLES:
+            memo[name] = np.mean([quality_of(m, train, sample, scored, memo) for m in ENSEMBLES[name]], axis=0)
+        else:
+            memo[name] = fitted(name, train, sample).predict_quality(scored)
+    return memo[name]
+
+
+def merged_rows(out: Path, rows: list[dict], fraction: float) -> list[dict]:
+    """`--update`: the existing file's rows of every router not in `rows`, then `rows`."""
+    if not out.is_file():
+        raise FileNotFoundError(f"--update: {out} does not exist; run without --update first")
+    old = json.loads(out.read_text(encoding="utf-8"))
+    if old.get("sample_fraction") != fraction:
+        raise ValueError(f"--update: {out} was written with --sample {old.get('sample_fraction')}, not {fraction}")
+    rerun = {r["router"] for r in rows}
+    return [r for r in old["rows"] if r["router"] not in rerun] + rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
@@ -109,6 +154,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sample", type=float, default=0.1, help="share of the target cluster given as labels")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/k_worker_transfer[_gsm8k].json")
     parser.add_argument("--protocol", choices=["clusters", "gsm8k-steps"], default="clusters")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the existing --out file's rows of the routers not rerun (adds routers to its tables)")
     args = parser.parse_args(argv)
     if args.protocol == "gsm8k-steps":
         return gsm8k_steps(args)
@@ -119,8 +166,9 @@ def main(argv=None) -> int:
 
     frame = pd.read_parquet(kw.CACHE / "dcrouter.parquet")
     cluster = frame.drop_duplicates("query_id").set_index("query_id")["dataset"].reindex(data.query_ids).to_numpy()
-    rows = []
-    for held in sorted(set(cluster)):
+    rows, boots = [], {}  # boots: router → held-out cluster → its bootstrap APGRs
+    parts = sorted(set(cluster))
+    for held in parts:
         source = np.flatnonzero(cluster != held)
         target = np.flatnonzero(cluster == held)
         rng = np.random.default_rng(0)
@@ -129,14 +177,15 @@ def main(argv=None) -> int:
         for k_workers in ("two", "nine"):
             view = project(data, [WEAK, STRONG]) if k_workers == "two" else data
             train, sample, scored = view.subset(source), view.subset(sample_rows), view.subset(scored_rows)
+            memo: dict = {}
             for name in args.routers:
-                router = fitted(name, train, sample)
-                quality = router.predict_quality(scored)
+                quality = quality_of(name, train, sample, scored, memo)
                 row = {"held_out": held, "workers": k_workers, "router": name, "n_train": len(train),
                        "n_scored": len(scored)}
                 if k_workers == "two":
                     row.update(two_worker_metrics(quality, scored))
-                    row["apgr_lo"], row["apgr_hi"] = apgr_interval(quality, scored)
+                    boots.setdefault(name, {})[held] = values = apgr_resamples(quality, scored)
+                    row["apgr_lo"], row["apgr_hi"] = percentile_interval(values)
                 else:
                     row.update(curve_at_budgets(make_router(name.partition("+")[0], 0), quality, scored))
                 rows.append(row)
@@ -148,18 +197,25 @@ def main(argv=None) -> int:
             quality = cross_fit(view, lambda seed, _n=name: make_router(_n, seed), k=5, seed=0)
             row = {"held_out": held, "workers": "two", "router": f"{name} [in-cluster 5-fold]", "n_train": len(view) - len(view) // 5,
                    "n_scored": len(view), **two_worker_metrics(quality, view)}
-            row["apgr_lo"], row["apgr_hi"] = apgr_interval(quality, view)
+            boots.setdefault(row["router"], {})[held] = values = apgr_resamples(quality, view)
+            row["apgr_lo"], row["apgr_hi"] = percentile_interval(values)
             rows.append(row)
             print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    mean_ci = {name: ci for name, by_part in boots.items() if (ci := mean_interval(by_part, parts))}
+    if args.update:
+        rows = merged_rows(args.out, rows, args.sample)
+        kept = json.loads(args.out.read_text(encoding="utf-8")).get("apgr_mean_95ci", {})
+        mean_ci = {**{r: ci for r, ci in kept.items() if r in {row["router"] for row in rows}}, **mean_ci}
     table = pd.DataFrame(rows)
     two_rows = table[table.workers == "two"]
     two = two_rows.pivot(index="router", columns="held_out", values="apgr")
     two["mean"] = two.mean(axis=1)
+    two["mean 95% CI"] = [f"[{mean_ci[r][0]:.3f}, {mean_ci[r][1]:.3f}]" if r in mean_ci else "" for r in two.index]
     ci = two_rows.assign(ci=[f"[{lo:.3f}, {hi:.3f}]" for lo, hi in zip(two_rows.apgr_lo, two_rows.apgr_hi)])
     two = two.round(3).join(ci.pivot(index="router", columns="held_out", values="ci").add_suffix(" 95% CI"))
     nine = table[table.workers == "nine"].groupby("router")[["acc_at_15", "acc_at_50", "best_single_accuracy"]].mean()
     result = {"benchmark": "k_worker_transfer", "issue": 28, "price_book": book, "sample_fraction": args.sample,
-              "weak": WEAK, "strong": STRONG, "rows": rows,
+              "weak": WEAK, "strong": STRONG, "rows": rows, "apgr_mean_95ci": mean_ci,
               "apgr_by_held_out_cluster": two.reset_index().to_dict("records"),
               "nine_workers_mean_over_held_out": nine.reset_index().to_dict("records"),
               "machine": "OMP/MKL 1 thread, nice 5, beside another CPU job"}
@@ -213,19 +269,22 @@ def gsm8k_steps(args) -> int:
         sample_rows = np.sort(rng.choice(target, size=int(round(args.sample * len(target))), replace=False))
         scored_rows = np.setdiff1d(target, sample_rows)
         train, sample, scored = data.subset(source), data.subset(sample_rows), data.subset(scored_rows)
+        memo: dict = {}
         for name in args.routers:
-            quality = fitted(name, train, sample).predict_quality(scored)
+            quality = quality_of(name, train, sample, scored, memo)
             rows.append(_apgr_row(direction, name, len(train), scored, quality))
         for name in args.in_cluster:
             quality = cross_fit(scored, lambda seed, _n=name: make_router(_n, seed), k=5, seed=0)
             rows.append(_apgr_row(direction, f"{name} [in-target 5-fold]", len(scored) - len(scored) // 5, scored,
                                   quality))
+    out = args.out or kw.RESULTS / "k_worker_transfer_gsm8k.json"
+    if args.update:
+        rows = merged_rows(out, rows, args.sample)
     table = pd.DataFrame(rows)
     apgr = table.pivot(index="router", columns="direction", values="apgr")
     apgr["mean"] = apgr.mean(axis=1)
     ci = table.assign(ci=[f"[{lo:.3f}, {hi:.3f}]" for lo, hi in zip(table.apgr_lo, table.apgr_hi)])
     apgr = apgr.round(3).join(ci.pivot(index="router", columns="direction", values="ci").add_suffix(" 95% CI"))
-    out = args.out or kw.RESULTS / "k_worker_transfer_gsm8k.json"
     result = {"benchmark": "k_worker_transfer", "protocol": "gsm8k-steps", "issue": 28,
               "table": "RouteLLM gsm8k_responses.csv (1,307 kept prompts), Mixtral-8x7B vs GPT-4-1106",
               "split": f"source/target by calculator steps in GSM8K's reference answer: ≤ {GSM8K_MAX_EASY_STEPS} vs more",
