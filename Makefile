@@ -54,13 +54,10 @@ storage: install
 # Two pytest-xdist workers by default (PYTEST_WORKERS=0: one process), a test module to a worker
 # (--dist loadscope: a module's servers and stores are set up once), each worker with its own Prefect
 # home (tests/conftest.py). The servers and subprocesses the tests start wait on I/O much of the time,
-# so two workers keep both cores busy (docs/operations/tests.md). --no-loadscope-reorder: modules go
-# out in tests/conftest.py's order (longest first), not xdist's most-tests-first, which left the
-# one-test flow modules, the longest, to the end.
+# so two workers keep both cores busy (docs/operations/tests.md).
 PYTEST_WORKERS ?= 2
-XDIST = -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder
 test: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(XDIST)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope
 
 # The inner loop: unit tests only, no server, subprocess pipeline or model training (marked slow/e2e).
 test-fast: install
@@ -68,7 +65,7 @@ test-fast: install
 
 # `make test` with line coverage of the project's packages ([tool.coverage] in pyproject.toml).
 coverage: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(XDIST) \
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope \
 		--cov --cov-report=term --cov-report=json:coverage.json
 
 mlflow-ui: install
