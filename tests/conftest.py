@@ -38,22 +38,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules with end-to-end tests first, then those with slow ones, then the rest (each group in
-    its collected order). Two xdist workers pull modules in this order (`--dist loadscope`), so the
-    few long flow tests start at once and the many short tests fill in around them, instead of one
-    long test running alone at the end (longest first: Graham's LPT rule). Every worker sorts the
-    same collection the same way, as xdist requires."""
-    def weight(item: pytest.Item) -> int:
-        markers = {mark.name for test in by_module[item.module.__name__] for mark in test.iter_markers()}
-        return 0 if "e2e" in markers else 1 if "slow" in markers else 2
-
-    by_module: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        by_module.setdefault(item.module.__name__, []).append(item)
-    items.sort(key=weight)  # stable: a module's tests stay together and in order
-
-
 @pytest.fixture
 def shared_data() -> Path:
     """../shared/data next to the repository; tests that need it skip on a user's machine."""
