@@ -37,7 +37,7 @@ from scipy import sparse
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.k_worker_routing import RESULTS, load_table, readout  # noqa: E402
+from benchmarks.k_worker_routing import RESULTS, readout, val_reference  # noqa: E402
 from evaluation.replay import cross_fit  # noqa: E402
 from models.baselines.knn import KNNRouter  # noqa: E402
 from models.kworkers.lexical import LexicalKNNRouter, LexicalLogisticRouter  # noqa: E402
@@ -115,11 +115,7 @@ def main(argv=None) -> int:
                              "reference on test, once, with k_worker_routing's read-out")
     args = parser.parse_args(argv)
 
-    data, split, book = load_table(args.data)
-    train, val = (data.subset(np.flatnonzero(split == name)) for name in ("train", "val"))
-    acc, usd = val.scores.mean(axis=0), val.costs.mean(axis=0)
-    best = metrics.best_single(usd, acc)
-    ref = float(usd[best])
+    data, split, book, train, val, acc, best, ref = val_reference(args.data)
     rule = make_router("knn")  # the shared q̂ − λ·c rule and its knob grid
     rows: dict[str, dict] = {}
     on_val: dict[str, np.ndarray] = {}

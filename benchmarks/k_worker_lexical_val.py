@@ -28,11 +28,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.k_worker_routing import RESULTS, load_table, readout  # noqa: E402
+from benchmarks.k_worker_routing import RESULTS, readout, val_reference  # noqa: E402
 from models.baselines.knn import KNNRouter  # noqa: E402
 from models.kworkers.lexical import LexicalKNNRouter, LexicalLogisticRouter  # noqa: E402
 from models.registry import make_router  # noqa: E402
-from routerops import metrics  # noqa: E402
 from routerops.schema import write_json_atomic, write_text_atomic  # noqa: E402
 
 C_GRID = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
@@ -84,11 +83,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "k_worker_lexical_val.json")
     args = parser.parse_args(argv)
 
-    data, split, book = load_table(args.data)
-    train, val = (data.subset(np.flatnonzero(split == name)) for name in ("train", "val"))
-    acc, usd = val.scores.mean(axis=0), val.costs.mean(axis=0)
-    best = metrics.best_single(usd, acc)
-    ref = float(usd[best])
+    data, split, book, train, val, acc, best, ref = val_reference(args.data)
     rule = make_router("knn")  # any one-call router: the shared q̂ − λ·c rule and its knob grid
     rows: dict[str, dict] = {}
     quality: dict[str, np.ndarray] = {}

@@ -78,6 +78,16 @@ def load_table(data_dir: Path) -> tuple[RoutingData, np.ndarray, str]:
     return data, split, book.version
 
 
+
+def val_reference(data_dir: Path) -> tuple:
+    """For the scripts that choose on val: (data, split, price book, train, val, val accuracy per
+    worker, val's best single worker, its val USD per query: the budgets' reference)."""
+    data, split, book = load_table(data_dir)
+    train, val = (data.subset(np.flatnonzero(split == name)) for name in ("train", "val"))
+    acc, usd = val.scores.mean(axis=0), val.costs.mean(axis=0)
+    best = metrics.best_single(usd, acc)
+    return data, split, book, train, val, acc, best, float(usd[best])
+
 def predictions(name: str, seed: int, train: RoutingData, scored: RoutingData, refit: bool) -> tuple[np.ndarray, float]:
     """(quality on `scored` of `name` fitted on `train`, seconds), cached on disk per (router, seed,
     rows). Ensembles: the mean of their members' predictions (as the replay harness computes them)."""
