@@ -34,7 +34,9 @@ for key, value in {
 # which two processes must not migrate and write at once. Set before any test imports prefect.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     _home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect")
-    os.environ["PREFECT_HOME"] = str(_home / f"xdist-{os.environ['PYTEST_XDIST_WORKER']}")
+    _worker_home = _home / f"xdist-{os.environ['PYTEST_XDIST_WORKER']}"
+    _worker_home.mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level (a warning in CI)
+    os.environ["PREFECT_HOME"] = str(_worker_home)
 
 
 
