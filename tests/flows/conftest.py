@@ -33,3 +33,22 @@ def flow_workdir(tmp_path, monkeypatch, new_mlflow_db):
     import mlflow
 
     mlflow.set_tracking_uri(None)
+
+
+def short_reply_pool(dst, max_tokens: int = 32):
+    """configs/pool.yaml with every LLM worker's replies capped at `max_tokens` (smol-cot: 96) and the
+    `reason` primitive's too: the flow tests check the plumbing, not the answers, and on one llama.cpp
+    thread each generated token costs about 15 ms, most of a flow test's time."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    pool = yaml.safe_load((repo / "configs/pool.yaml").read_text())
+    for worker in pool["workers"]:
+        if worker["kind"] == "llm":
+            cap = min(worker["generation"]["max_tokens"], max_tokens)
+            worker["generation"]["max_tokens"] = worker["attributes"]["max_tokens"] = cap
+    reason = pool["primitives"]["reason"]
+    reason["max_tokens"] = min(reason["max_tokens"], max_tokens)
+    path = Path(dst) / "pool.yaml"
+    path.write_text(yaml.safe_dump(pool, sort_keys=False))
+    return str(path)

@@ -14,6 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.flows.conftest import short_reply_pool
+
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -31,7 +33,7 @@ MTROUTER = {
 @pytest.fixture
 def workdir(flow_workdir, tmp_path, monkeypatch):
     monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
-    return flow_workdir("mtrouter", MTROUTER, "mtrouter-flow-test")
+    return flow_workdir("mtrouter", {**MTROUTER, "pool": short_reply_pool(tmp_path)}, "mtrouter-flow-test")
 
 
 def test_mtrouter_flow_end_to_end(workdir, prefect_api):

@@ -16,6 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.flows.conftest import short_reply_pool
+
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -36,9 +38,9 @@ ORCHESTRA = {
 
 
 @pytest.fixture
-def workdir(flow_workdir, monkeypatch):
+def workdir(flow_workdir, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    return flow_workdir("orchestra", ORCHESTRA, "orchestra-flow-test")
+    return flow_workdir("orchestra", {**ORCHESTRA, "pool": short_reply_pool(tmp_path)}, "orchestra-flow-test")
 
 
 def test_orchestra_flow_end_to_end(workdir, prefect_api):
