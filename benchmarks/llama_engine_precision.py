@@ -10,7 +10,7 @@ For each weight type, in one run:
   a warm-up, controller tokens/s.
 Writes benchmarks/results/llama_engine_precision.json.
 
-    python benchmarks/llama_engine_precision.py [--weights f32 f16] [--calls 3] [--threads 2]
+    python benchmarks/llama_engine_precision.py [--weights f32 f16] [--calls 3] [--threads 2] [--group 4] [--tokens 64]
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights", nargs="+", default=["f32", "f16"], choices=["f32", "f16"])
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--group", type=int, default=4, help="completions per timed call (G)")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens each timed completion is forced to")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "llama_engine_precision.json")
     args = parser.parse_args(argv)
@@ -107,13 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         sampler = LlamaCppSampler(trainer.model, trainer.tokenizer, settings, base_gguf(spec), work_dir=folder.parent,
                                   threads=args.threads, weights=weights)
         try:
-            results[weights] = {**agreement(trainer, sampler), **speed(trainer, sampler, prompt, 4, 64, args.calls)}
+            results[weights] = {**agreement(trainer, sampler),
+                                **speed(trainer, sampler, prompt, args.group, args.tokens, args.calls)}
         finally:
             sampler.close()
         log.info("%s: %s", weights, results[weights])
     record = {"benchmark": "llama_engine_precision",
               "command": "python benchmarks/llama_engine_precision.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "model": spec.name, "prompt_tokens": prompt_tokens, "group_size": 4, "completion_tokens": 64,
+              "model": spec.name, "prompt_tokens": prompt_tokens, "group_size": args.group, "completion_tokens": args.tokens,
               "threads": args.threads, "results": results,
               "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
