@@ -1,7 +1,7 @@
 """End to end: the MTRouter flow (collect → ablations → evaluate → analyses → register) under Prefect,
 on ScienceWorld (its simulator in a JVM) with the embedded pool served by the real llama.cpp server.
 
-Tiny scale: one ID task type with 3 variations (1 train, 2 test), one OOD task type with 1, two
+Tiny scale: one ID task type with 2 variations (1 train, 1 test), one OOD task type with 2, two
 turns, one estimator seed, two ablations, the hashing history encoder. The flow writes to paths
 relative to the working directory, so it runs in a temporary one with its own MLflow store.
 """
@@ -23,7 +23,7 @@ pytest.importorskip("scienceworld")
 
 MTROUTER = {
     "pool": str(REPO / "configs/pool.yaml"), "price_book": str(REPO / "configs/prices/current.yaml"),
-    "id_types": ["find-plant"], "ood_types": ["find-non-living-thing"], "max_variations": 3,
+    "id_types": ["find-plant"], "ood_types": ["find-non-living-thing"], "max_variations": 2,
     "budget_usd": 0.05, "turn_limit": 2, "concurrency": 2, "seeds": [0], "ablations": ["full", "ridge"],
     "estimator": {"encoder_kind": "hashing", "hashing_dim": 512, "disk_cache": False, "max_epochs": 20},
     "gate_n_boot": 500, "episode_routers": ["logistic"], "ablation_rollouts": True,

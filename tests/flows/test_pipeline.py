@@ -20,6 +20,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests.flows.conftest import short_reply_pool
+
 REPO = Path(__file__).resolve().parents[2]
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
 # What a new price book re-runs (dvc.yaml) and what they write; `register` and `track` are left out:
@@ -54,6 +56,7 @@ def shrink_params(root: Path) -> None:
     params["collect"].update(concurrency=2)
     params["replay"].update(routers=["random", "oracle", "logistic"], k=3, bootstrap=0)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    short_reply_pool(root / "configs")  # the copy's configs/pool.yaml, replies capped
 
 
 def dvc(root: Path, *args: str) -> str:
