@@ -211,6 +211,49 @@ def at_budget_resamples(rule, q: np.ndarray, data: RoutingData, best: int, fract
     return np.where(usd <= fraction * ref_usd[None, :] * (1 + 1e-9), acc, -np.inf).max(axis=0)
 
 
+def disagreement_auc(gain_score: np.ndarray, d: np.ndarray) -> float | None:
+    """AUC of a gain score for "k right, cheap wrong" against "k wrong, cheap right", on the queries
+    where the two disagree (the only ones where routing between them changes accuracy)."""
+    from sklearn.metrics import roc_auc_score
+
+    keep = d != 0
+    return float(roc_auc_score(d[keep] > 0, gain_score[keep])) if len(np.unique(d[keep])) == 2 else None
+
+
+def shares_at_budget(rule, q: np.ndarray, data: RoutingData, best: int, fraction: float) -> dict:
+    """Where the most accurate operating point within ≤ `fraction` of the best model's cost sends the
+    queries: per worker, its share and the accuracy of it and of every worker on those queries."""
+    from evaluation.replay import knob_grid, operating_points
+
+    grid = knob_grid(rule, q, data.costs)
+    ops = operating_points(rule, q, data, grid)
+    acc, usd = ops.correct.mean(axis=1), ops.paid.mean(axis=1)
+    ok = np.flatnonzero(usd <= fraction * float(data.costs[:, best].mean()) * (1 + 1e-9))
+    pick = ok[np.lexsort((usd[ok], -acc[ok]))[0]]
+    choice, _ = rule.decide(q, data.costs, grid[pick])
+    y = np.asarray(data.scores, dtype=float) > 0.5
+    cheap = data.workers.index(CHEAP)
+    return {w: {"share": float((choice == j).mean()), "accuracy": float(y[choice == j, j].mean()),
+                "cheap_accuracy_there": float(y[choice == j, cheap].mean())}
+            for j, w in enumerate(data.workers) if (choice == j).any()}
+
+
+def diagnostics(fitted: Fitted, val: RoutingData, rule, best: int) -> dict:
+    """On val (seed-0 fits): the reference's routing at ≤ 15 %, and how well each estimator's gain over
+    the cheap worker ranks the two 7–8B workers it upgrades to most and the best single model."""
+    d = outcome_difference(val.scores, fitted.cheap)
+    q_knn, q_knn_lex, q_lex = fitted.members(val)
+    ens = fitted.ensemble(val)
+    scores = {"ensemble": ens, "knn": q_knn, "knn_lexical": q_knn_lex, "lexical": q_lex}
+    auc = {}
+    for w in ("qwen2.5-7b-instruct", "llama-3.1-8b-instruct", val.workers[best]):
+        j = val.workers.index(w)
+        auc[w] = {name: disagreement_auc(q[:, j] - q[:, fitted.cheap], d[:, j]) for name, q in scores.items()}
+        auc[w]["multinomial gain (C=0.3)"] = disagreement_auc(fitted.multinomial_gain(val, 0.3)[:, j], d[:, j])
+        auc[w]["disagreement share"] = float((d[:, j] != 0).mean())
+    return {"reference_routing_at_15": shares_at_budget(rule, ens, val, best, 0.15), "gain_auc": auc}
+
+
 def val_choice(rows: dict) -> str:
     """Best val accuracy at ≤ 15 %, ties by ≤ 50 %; the reference is not a candidate."""
     return max((n for n in rows if n != REFERENCE), key=lambda n: (rows[n]["val_acc_at_15"], rows[n]["val_acc_at_50"]))
@@ -221,6 +264,8 @@ def main(argv=None) -> int:
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the test read-out")
     parser.add_argument("--out", type=Path, default=RESULTS / "k_worker_goal15_gain.json")
+    parser.add_argument("--diagnostics", action="store_true",
+                        help="only add val diagnostics (routing shares, gain-ranking AUCs) to the existing --out file")
     parser.add_argument("--test", action="store_true",
                         help="after the val read-outs, read val's choice and the reference on test, once, per seed")
     args = parser.parse_args(argv)
@@ -229,6 +274,16 @@ def main(argv=None) -> int:
     rule = make_router("knn")  # the shared q̂ − λ·c rule and its knob grid
     start = time.perf_counter()
     fitted = Fitted(train, seed=0)
+    if args.diagnostics:  # val only; the earlier run's rows and test read-out are kept as they are
+        import json
+
+        result = json.loads(args.out.read_text(encoding="utf-8"))
+        result["val_diagnostics"] = diagnostics(fitted, val, rule, best)
+        result["diagnostics_command"] = "python benchmarks/k_worker_goal15_gain.py " + " ".join(
+            sys.argv[1:] if argv is None else argv)
+        write_json_atomic(result, args.out)
+        write_text_atomic(markdown(result, data.workers[best], float(acc[best])), args.out.with_suffix(".md"))
+        return 0
     rows = {}
     for name, predict in candidates().items():
         r = readout(rule, predict(fitted, val), predict(fitted, val), val, val, ref, ref)
@@ -301,6 +356,18 @@ def markdown(result: dict, best_worker: str, best_acc: float) -> str:
             lines.append(f"| {n} | {r['acc_at_15']:.3f} | {r['acc_at_50']:.3f} | {r['val_chosen_acc_at_15']:.3f} "
                          f"({100 * r['val_chosen_cost_ratio_at_15']:.1f} %) | [{r['gap_at_15_lo']:+.3f}, "
                          f"{r['gap_at_15_hi']:+.3f}] | [{r['gap_at_50_lo']:+.3f}, {r['gap_at_50_hi']:+.3f}] | {match} |")
+    diag = result.get("val_diagnostics")
+    if diag:
+        lines += ["", "Val diagnostics (seed-0 fits): where the reference's most accurate point within ≤ 15 % sends "
+                      "the val queries:", "", "| worker | share | its accuracy there | gemma's accuracy there |",
+                  "|---|---|---|---|"]
+        lines += [f"| {w} | {r['share']:.3f} | {r['accuracy']:.3f} | {r['cheap_accuracy_there']:.3f} |"
+                  for w, r in diag["reference_routing_at_15"].items()]
+        names = list(next(iter(diag["gain_auc"].values())))
+        lines += ["", "AUC of each estimator's gain over gemma on the val queries where the two disagree:", "",
+                  "| worker | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        lines += [f"| {w} | " + " | ".join("—" if v is None else f"{v:.3f}" for v in r.values()) + " |"
+                  for w, r in diag["gain_auc"].items()]
     return "\n".join(lines) + "\n"
 
 

@@ -67,3 +67,23 @@ def test_fitted_refuses_a_pool_without_the_cheap_worker(bench):
     data.workers[1] = "another-model"
     with pytest.raises(ValueError):
         bench.Fitted(data, seed=0)
+
+
+def test_disagreement_auc_reads_only_the_queries_where_the_two_disagree(bench):
+    d = np.array([1, -1, 0, 0, 1, -1])
+    score = np.array([0.9, 0.1, 5.0, -5.0, 0.8, 0.2])  # the ties' extreme scores must not count
+    assert bench.disagreement_auc(score, d) == 1.0
+    assert bench.disagreement_auc(-score, d) == 0.0
+    assert bench.disagreement_auc(score, np.array([1, 1, 0, 0, 1, 1])) is None  # one side only: undefined
+
+
+def test_shares_at_budget_add_up_and_respect_the_budget(bench):
+    from models.registry import make_router
+
+    data = _table()
+    q = np.asarray(data.scores, dtype=float) * 0.8 + 0.1  # a sharp, right estimate
+    shares = bench.shares_at_budget(make_router("knn"), q, data, best=0, fraction=0.75)
+    assert abs(sum(r["share"] for r in shares.values()) - 1) < 1e-9
+    # costs 2 / 1 / 2 against the budget 0.75 × 2 = 1.5: at most half the queries leave gemma
+    assert shares["gemma-2-9b-it"]["share"] >= 0.5
+    assert all(0 <= r["accuracy"] <= 1 for r in shares.values())
