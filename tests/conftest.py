@@ -40,34 +40,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 
-# `make test` (--dist loadscope) hands each xdist worker a test module at a time. These modules each run
-# a whole flow with servers of their own (llama.cpp, Prefect, SeaweedFS, dvc subprocesses): 2-3 minutes
-# each. As one-test modules they used to come last, and two of them at once on the two workers slowed
-# each other down while the tail waited on them. One scope for all of them, handed out first, runs them
-# one after another on one worker while the other works through the rest (docs/operations/tests.md).
-LONG_FLOW_MODULES = ("tests/flows/test_mtrouter_flow.py", "tests/flows/test_orchestra_flow.py",
-                     "tests/flows/test_pipeline.py", "tests/flows/test_retrain_service.py")
-LONG_FLOWS_SCOPE = "long flow tests"
-
-
-def pytest_xdist_make_scheduler(config, log):
-    if config.getoption("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class LongFlowsFirst(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            return LONG_FLOWS_SCOPE if scope in LONG_FLOW_MODULES else scope
-
-        def _assign_work_unit(self, node) -> None:
-            if LONG_FLOWS_SCOPE in self.workqueue:  # handed out first, whatever its number of tests
-                self.workqueue.move_to_end(LONG_FLOWS_SCOPE, last=False)
-            super()._assign_work_unit(node)
-
-    return LongFlowsFirst(config, log)
-
-
 @pytest.fixture
 def shared_data() -> Path:
     """../shared/data next to the repository; tests that need it skip on a user's machine."""
