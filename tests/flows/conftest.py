@@ -1,9 +1,11 @@
 """A flow's working directory: its own params.yaml, git commit (registered models are tagged with
-`git rev-parse HEAD`), MLflow store and Prefect home, under a temp dir."""
+`git rev-parse HEAD`), MLflow store and Prefect home, under a temp dir; and the pool with short replies
+that the flow tests run on."""
 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -37,10 +39,9 @@ def flow_workdir(tmp_path, monkeypatch, new_mlflow_db):
 
 def short_reply_pool(dst, max_tokens: int = 32):
     """configs/pool.yaml with every LLM worker's replies capped at `max_tokens` (smol-cot: 96) and the
-    `reason` primitive's too: the flow tests check the plumbing, not the answers, and on one llama.cpp
-    thread each generated token costs about 15 ms, most of a flow test's time."""
-    from pathlib import Path
-
+    `reason` primitive's too: the flow tests check the plumbing, not the answers, and every token saved
+    is time on the one llama.cpp thread (less than hoped: a call's fixed cost, about a second of prompt
+    and overhead, dominates; docs/operations/tests.md)."""
     repo = Path(__file__).resolve().parents[2]
     pool = yaml.safe_load((repo / "configs/pool.yaml").read_text())
     for worker in pool["workers"]:
