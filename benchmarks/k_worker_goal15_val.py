@@ -90,19 +90,41 @@ def calibrated(oof: np.ndarray, scores: np.ndarray, target: np.ndarray, method: 
     return np.stack(cols, axis=1)
 
 
-def read_on_test(rows: dict, on_val: dict, on_test: dict, rule, val, test, data) -> dict:
+def read_on_test(rows: dict, on_val: dict, on_test: dict, rule, val, test, data, also: tuple = ()) -> dict:
     """The candidate with the best val accuracy at ≤ 15 % (the reference excluded) and the reference,
     read on test with k_worker_routing's read-out (budgets and intervals against test's best single
-    model, as in its table). Every candidate here is deterministic, so one fit stands for its seeds."""
+    model, as in its table), and the candidates named in `also` (declared before test is read). Every
+    candidate here is deterministic, so one fit stands for its seeds."""
     name = max((n for n in rows if n != "lexical_ensemble (reference)"), key=lambda n: rows[n]["val_acc_at_15"])
     acc_t, usd_t = test.scores.mean(axis=0), test.costs.mean(axis=0)
     best = metrics.best_single(usd_t, acc_t)
     ref_test, ref_val = float(usd_t[best]), float(val.costs.mean(axis=0)[best])
     out = {"val_chosen": name, "best_single": {"worker": data.workers[best], "accuracy": float(acc_t[best])}}
-    for n in (name, "lexical_ensemble (reference)"):
+    out["also"] = [n for n in also if n != name]
+    for n in (name, *out["also"], "lexical_ensemble (reference)"):
         out[n] = readout(rule, on_val[n], on_test[n], val, test, ref_val, ref_test, best=best)
         print(f"TEST {n}: {out[n]}", flush=True)
     return out
+
+
+def val_markdown(result: dict, best_worker: str, best_acc: float) -> str:
+    """The candidates' val read-outs as a table, then (after --test) the val choice and the reference on test."""
+    rows = result["rows"]
+    lines = ["| candidate (fitted on train, read on val) | val ≤ 15 % | val ≤ 50 % | val best |", "|---|---|---|---|"]
+    lines += [f"| {name} | {r['val_acc_at_15']:.3f} | {r['val_acc_at_50']:.3f} | {r['val_best_accuracy']:.3f} |"
+              for name, r in rows.items()]
+    if result["test"]:
+        t = result["test"]
+        lines += ["", f"On **test**, read once after the val choice (test's best single model "
+                      f"{t['best_single']['worker']} {t['best_single']['accuracy']:.3f}):", "",
+                  "| router | ≤ 15 % | ≤ 50 % | val-chosen ≤ 15 % | gap ≤ 15 % [95 % CI] | cost to match the best single |",
+                  "|---|---|---|---|---|---|"]
+        for n in (t["val_chosen"], *t.get("also", []), "lexical_ensemble (reference)"):
+            r = t[n]
+            match = "—" if r["cost_ratio_to_match_best"] is None else f"{100 * r['cost_ratio_to_match_best']:.1f} %"
+            lines.append(f"| {n} | {r['acc_at_15']:.3f} | {r['acc_at_50']:.3f} | {r['val_chosen_acc_at_15']:.3f} | "
+                         f"[{r['gap_at_15_lo']:+.3f}, {r['gap_at_15_hi']:+.3f}] | {match} |")
+    return "\n".join([f"val's best single model: {best_worker} {best_acc:.3f}", ""] + lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -187,22 +209,7 @@ def main(argv=None) -> int:
         "command": "python benchmarks/k_worker_goal15_val.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     write_json_atomic(result, args.out)
-    lines = ["| candidate (fitted on train, read on val) | val ≤ 15 % | val ≤ 50 % | val best |", "|---|---|---|---|"]
-    lines += [f"| {name} | {r['val_acc_at_15']:.3f} | {r['val_acc_at_50']:.3f} | {r['val_best_accuracy']:.3f} |"
-              for name, r in rows.items()]
-    if result["test"]:
-        t = result["test"]
-        lines += ["", f"On **test**, read once after the val choice (test's best single model "
-                      f"{t['best_single']['worker']} {t['best_single']['accuracy']:.3f}):", "",
-                  "| router | ≤ 15 % | ≤ 50 % | val-chosen ≤ 15 % | gap ≤ 15 % [95 % CI] | cost to match the best single |",
-                  "|---|---|---|---|---|---|"]
-        for n in (t["val_chosen"], "lexical_ensemble (reference)"):
-            r = t[n]
-            match = "—" if r["cost_ratio_to_match_best"] is None else f"{100 * r['cost_ratio_to_match_best']:.1f} %"
-            lines.append(f"| {n} | {r['acc_at_15']:.3f} | {r['acc_at_50']:.3f} | {r['val_chosen_acc_at_15']:.3f} | "
-                         f"[{r['gap_at_15_lo']:+.3f}, {r['gap_at_15_hi']:+.3f}] | {match} |")
-    write_text_atomic("\n".join([f"val's best single model: {data.workers[best]} {acc[best]:.3f}", ""] + lines) + "\n",
-                      args.out.with_suffix(".md"))
+    write_text_atomic(val_markdown(result, data.workers[best], float(acc[best])), args.out.with_suffix(".md"))
     return 0
 
 

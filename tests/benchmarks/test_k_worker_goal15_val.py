@@ -49,3 +49,18 @@ def test_calibration_maps_are_per_worker_probabilities_and_bad_methods_fail(benc
         assert mapped[0].max() < grid[0, 0] + 0.1 and mapped[-1].min() > 0.6  # pulled towards q²
     with pytest.raises(ValueError, match="unknown calibration"):
         bench.calibrated(oof, scores, grid, "beta")
+
+
+def test_val_markdown_lists_every_candidate_and_the_test_read_out_only_after_test(bench):
+    rows = {"lexical_ensemble (reference)": {"val_acc_at_15": 0.62, "val_acc_at_50": 0.679, "val_best_accuracy": 0.69},
+            "candidate": {"val_acc_at_15": 0.625, "val_acc_at_50": 0.67, "val_best_accuracy": 0.68}}
+    text = bench.val_markdown({"rows": rows, "test": None}, "nemotron", 0.635)
+    assert text.startswith("val's best single model: nemotron 0.635") and "| candidate | 0.625 | 0.670 | 0.680 |" in text
+    assert "**test**" not in text
+    read = {"acc_at_15": 0.61, "acc_at_50": 0.64, "val_chosen_acc_at_15": 0.6, "gap_at_15_lo": -0.02,
+            "gap_at_15_hi": 0.02, "cost_ratio_to_match_best": 0.148}
+    test = {"val_chosen": "candidate", "best_single": {"worker": "nemotron", "accuracy": 0.61},
+            "candidate": read, "lexical_ensemble (reference)": {**read, "cost_ratio_to_match_best": None}}
+    text = bench.val_markdown({"rows": rows, "test": test}, "nemotron", 0.635)
+    assert "| candidate | 0.610 | 0.640 | 0.600 | [-0.020, +0.020] | 14.8 % |" in text
+    assert "| lexical_ensemble (reference) | 0.610 | 0.640 | 0.600 | [-0.020, +0.020] | — |" in text
