@@ -44,48 +44,11 @@ from benchmarks.k_worker_routing import CACHE, RESULTS, readout, val_reference  
 from models.base import RoutingData  # noqa: E402
 from models.baselines.knn import KNNRouter  # noqa: E402
 from models.kworkers.lexical import LexicalKNNRouter, LexicalLogisticRouter  # noqa: E402
+from models.kworkers.lm_vectors import lm_query_vectors, standardised, train_statistics  # noqa: E402
 from models.registry import make_router  # noqa: E402
 from routerops.schema import write_json_atomic, write_text_atomic  # noqa: E402
 
 DEFAULT_LAYERS = (2, 4, 6, 8, 10, 12, 16, 24, 30)
-
-
-def lm_query_vectors(texts: Sequence[str], layers: Sequence[int], max_tokens: int = 1024, batch: int = 8,
-                     threads: int = 2) -> dict[int, np.ndarray]:
-    """{layer: (n, 576) float32}: each text's SmolLM2 hidden states at `layer` (0 = the token
-    embeddings, 30 = the last block), mean-pooled over its tokens. Texts are batched by token length
-    so padding costs little; padding is right-sided and masked out of the mean."""
-    import torch
-
-    from models.orchestrator.config import ModelSpec
-    from models.orchestrator.lm import base_model_folder, load_causal_lm, load_tokenizer
-
-    torch.set_num_threads(threads)
-    folder = base_model_folder(ModelSpec())
-    tokenizer, model = load_tokenizer(folder), load_causal_lm(folder, "float32", "cpu")
-    model.eval()
-    # Blocks above the deepest layer asked for change nothing below it (causal stack), so they are
-    # dropped, less one: a model's last block output is the one transformers returns after the final
-    # norm, and the layers asked for must keep their raw states.
-    keep = min(max(layers) + 1, model.config.num_hidden_layers)
-    model.model.layers = model.model.layers[:keep]
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "right"
-    lengths = [len(ids) for ids in tokenizer(list(texts), truncation=True, max_length=max_tokens).input_ids]
-    out = {layer: np.zeros((len(texts), model.config.hidden_size), dtype=np.float32) for layer in layers}
-    order = np.argsort(lengths, kind="stable")
-    with torch.inference_mode():
-        for start in range(0, len(order), batch):
-            rows = order[start:start + batch]
-            enc = tokenizer([texts[i] for i in rows], return_tensors="pt", padding=True, truncation=True,
-                            max_length=max_tokens)
-            hidden = model.model(**enc, output_hidden_states=True, use_cache=False).hidden_states
-            mask = enc.attention_mask.unsqueeze(-1).float()
-            for layer in layers:
-                pooled = (hidden[layer] * mask).sum(dim=1) / mask.sum(dim=1)
-                out[layer][rows] = pooled.numpy()
-    return out
 
 
 def cached_lm_vectors(queries: Sequence[str], layers: Sequence[int], max_tokens: int) -> dict[int, np.ndarray]:
@@ -104,13 +67,6 @@ def cached_lm_vectors(queries: Sequence[str], layers: Sequence[int], max_tokens:
             np.save(partial, vectors)
             partial.replace(path[layer])
     return {layer: np.load(path[layer]) for layer in layers}
-
-
-def standardised(train_vectors: np.ndarray, vectors: np.ndarray) -> np.ndarray:
-    """Per-dimension z-scores under train's mean and deviation, each row then scaled to unit norm:
-    a causal LM's mean-pooled states carry a few dimensions hundreds of times larger than the rest."""
-    z = (vectors - train_vectors.mean(axis=0)) / (train_vectors.std(axis=0) + 1e-6)
-    return (z / np.linalg.norm(z, axis=1, keepdims=True)).astype(np.float32)
 
 
 def with_vectors(data: RoutingData, vectors: np.ndarray) -> RoutingData:
@@ -164,7 +120,7 @@ def main(argv=None) -> int:
         return {part: router.predict_quality(view) for part, view in views.items()}
 
     def lm_views(layer: int, combine) -> tuple[RoutingData, dict[str, RoutingData]]:
-        lm = standardised(raw[layer][parts["train"]], raw[layer])
+        lm = standardised(raw[layer], *train_statistics(raw[layer][parts["train"]]))
         view = with_vectors(data, combine(data, lm))
         return view.subset(parts["train"]), {p: view.subset(parts[p]) for p in scored}
 

