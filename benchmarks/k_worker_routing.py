@@ -57,6 +57,8 @@ NEW = ("cost_label", "cost_label_mlp", "calibrated", "calibrated_ensemble", "kca
 LITERATURE = ("routerdc", "routerdc_cal", "embedllm", "graphrouter", "stacked", "stacked_all")
 # Whole-query lexical features (models/kworkers/lexical.py): TF-IDF word + character n-grams.
 LEXICAL = ("lexical", "knn_lexical", "lexical_ensemble", "stacked_lexical")
+# kNN on the controller LM's (SmolLM2-135M) vectors of the whole query, alone and with `lexical` (issue 28, item 2)
+LM_VECTORS = ("knn_smollm2", "smollm2_ensemble")
 
 
 def load_table(data_dir: Path) -> tuple[RoutingData, np.ndarray, str]:
@@ -229,7 +231,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--routers", nargs="+", default=[*BASELINES, *NEW, *LITERATURE, *LEXICAL])
+    parser.add_argument("--routers", nargs="+", default=[*BASELINES, *NEW, *LITERATURE, *LEXICAL, *LM_VECTORS])
     parser.add_argument("--refit", action="store_true", help="ignore cached predictions")
     parser.add_argument("--out", type=Path, default=RESULTS / "k_worker_routing.json")
     parser.add_argument("--update", action="store_true",
