@@ -98,10 +98,10 @@ def apgr_resamples(quality: np.ndarray, data: RoutingData, n_boot: int = 1000,
 
 def paired_resamples(quality: np.ndarray, other: np.ndarray, data: RoutingData, n_boot: int = 1000) -> np.ndarray:
     """(n_boot,) APGR(quality) − APGR(other), both read on one draw of resamples of the scored queries
-    (seed 0, as each router's own interval; fits held fixed): the paired bootstrap of a difference
-    (Efron & Tibshirani 1993 §6.4, "two-sample" problems on matched data). The query-to-query variation
-    the two routers share cancels in each replicate, which the overlap of their separate intervals
-    cannot show."""
+    (seed 0, as each router's own interval; fits held fixed): paired bootstrap resampling, as Koehn
+    (2004, "Statistical Significance Tests for Machine Translation Evaluation") compares two systems
+    on one test set. The query-to-query variation the two routers share cancels in each replicate,
+    which the overlap of their separate intervals cannot show."""
     counts = resample_counts(len(data), n_boot, 0)
     return apgr_resamples(quality, data, counts=counts) - apgr_resamples(other, data, counts=counts)
 
