@@ -21,8 +21,11 @@ Two read-outs per (router, held-out cluster):
 - nine workers: accuracy at ≤ 15 % / ≤ 50 % of the best single model's cost on the held-out queries.
 Writes benchmarks/results/k_worker_transfer.json (+ .md). `--update` keeps the rows of the routers not
 rerun from the existing file (same protocol, same seeded target samples), so adding a router fits only
-it. An ensemble of `models.registry.ENSEMBLES` is scored as the mean of its members' predictions,
-each member fitted once per (held-out part, workers) however many listed routers share it.
+it. `--pairs first:second ...` adds paired bootstrap intervals of APGR(first) − APGR(second) per
+held-out cluster and for the mean over the three (`paired_rows`; both routers rerun in that run, so
+their quality matrices are at hand; `--update` keeps the file's other pairs). An ensemble of
+`models.registry.ENSEMBLES` is scored as the mean of its members' predictions, each member fitted
+once per (held-out part, workers) however many listed routers share it.
 
 `--protocol gsm8k-steps` (issue 28's "GSM8K → MATH-500 style" transfer): MATH-500 in ../shared has
 problems but no logged outcomes of any model, let alone RouteLLM's two, so no router can be scored
@@ -62,6 +65,7 @@ from models.registry import ENSEMBLES, make_router  # noqa: E402
 from routerops.schema import write_json_atomic, write_text_atomic  # noqa: E402
 
 WEAK, STRONG = "gemma-2-9b-it", "llama-3.1-nemotron-51b-instruct"
+IN_CLUSTER = "[in-cluster 5-fold]"  # suffix of the in-table reference rows' router names
 
 
 def project(data: RoutingData, workers: list[str]) -> RoutingData:
@@ -81,11 +85,25 @@ def curve_at_budgets(router, quality: np.ndarray, data: RoutingData) -> dict:
     return out
 
 
-def apgr_resamples(quality: np.ndarray, data: RoutingData, n_boot: int = 1000) -> np.ndarray:
-    """(n_boot,) APGR on bootstrap resamples of the scored queries (NaN where undefined), seed 0."""
+def apgr_resamples(quality: np.ndarray, data: RoutingData, n_boot: int = 1000,
+                   counts: np.ndarray | None = None) -> np.ndarray:
+    """(n_boot,) APGR on bootstrap resamples of the scored queries (NaN where undefined): `counts`
+    (n_boot × n draws per query) if given, else seed 0's, so every router scored on the same queries
+    is read on the same resamples."""
     strong, weak = strong_weak(data)
+    counts = resample_counts(len(data), n_boot, 0) if counts is None else counts
     return metrics.apgr_of_resamples(strong_call_score(quality, data), data.scores[:, strong], data.scores[:, weak],
-                                     resample_counts(len(data), n_boot, 0))
+                                     counts)
+
+
+def paired_resamples(quality: np.ndarray, other: np.ndarray, data: RoutingData, n_boot: int = 1000) -> np.ndarray:
+    """(n_boot,) APGR(quality) − APGR(other), both read on one draw of resamples of the scored queries
+    (seed 0, as each router's own interval; fits held fixed): paired bootstrap resampling, as Koehn
+    (2004, "Statistical Significance Tests for Machine Translation Evaluation") compares two systems
+    on one test set. The query-to-query variation the two routers share cancels in each replicate,
+    which the overlap of their separate intervals cannot show."""
+    counts = resample_counts(len(data), n_boot, 0)
+    return apgr_resamples(quality, data, counts=counts) - apgr_resamples(other, data, counts=counts)
 
 
 def percentile_interval(values: np.ndarray) -> tuple[float, float]:
@@ -106,6 +124,50 @@ def mean_interval(by_part: dict[str, np.ndarray], parts: list[str]) -> tuple[flo
     if any(p not in by_part for p in parts):
         return None
     return percentile_interval(np.mean([by_part[p] for p in parts], axis=0))
+
+
+def paired_rows(pairs: list[tuple[str, str]], quality: dict, scored: dict, parts: list[str]) -> list[dict]:
+    """Per pair (first, second) and held-out part, and for the mean over the parts: APGR(first) −
+    APGR(second) on the same scored queries with its 95 % paired bootstrap interval (`paired_resamples`;
+    the mean's replicates averaged over the parts as `mean_interval`'s). `quality[name, part]` is a
+    router's two-worker predicted quality on `scored[part]`."""
+    rows = []
+    for first, second in pairs:
+        diffs, points = {}, {}
+        for part in parts:
+            data = scored[part]
+            diffs[part] = paired_resamples(quality[first, part], quality[second, part], data)
+            points[part] = two_worker_metrics(quality[first, part], data)["apgr"] - \
+                two_worker_metrics(quality[second, part], data)["apgr"]
+            rows.append(_difference_row(first, second, part, points[part], percentile_interval(diffs[part])))
+        rows.append(_difference_row(first, second, "mean", float(np.mean(list(points.values()))),
+                                    mean_interval(diffs, parts)))
+    return rows
+
+
+def _difference_row(first: str, second: str, part: str, difference: float, interval: tuple[float, float]) -> dict:
+    row = {"first": first, "second": second, "held_out": part, "apgr_difference": difference,
+           "lo": interval[0], "hi": interval[1]}
+    print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    return row
+
+
+def difference_table(differences: list[dict]) -> str:
+    """Markdown: one line per pair, one column per held-out part (and the mean): difference [lo, hi]."""
+    import pandas as pd
+
+    frame = pd.DataFrame(differences)
+    frame["pair"] = frame["first"] + " − " + frame["second"]
+    frame["cell"] = [f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for d, lo, hi in zip(frame.apgr_difference, frame.lo, frame.hi)]
+    return frame.pivot(index="pair", columns="held_out", values="cell").to_markdown()
+
+
+def parse_pair(text: str) -> tuple[str, str]:
+    """'first:second' (router names as in the rows, e.g. 'knn:knn [in-cluster 5-fold]')."""
+    first, sep, second = text.partition(":")
+    if not (first and sep and second):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected first:second")
+    return first, second
 
 
 def fitted(name: str, train: RoutingData, sample: RoutingData):
@@ -156,9 +218,15 @@ def main(argv=None) -> int:
     parser.add_argument("--protocol", choices=["clusters", "gsm8k-steps"], default="clusters")
     parser.add_argument("--update", action="store_true",
                         help="keep the existing --out file's rows of the routers not rerun (adds routers to its tables)")
+    parser.add_argument("--pairs", nargs="*", type=parse_pair, default=[], metavar="FIRST:SECOND",
+                        help="clusters protocol: paired bootstrap intervals of APGR(first) − APGR(second); both routers "
+                             "must be scored in this run (--routers, or '<name> [in-cluster 5-fold]' of --in-cluster)")
     args = parser.parse_args(argv)
     if args.protocol == "gsm8k-steps":
         return gsm8k_steps(args)
+    scored_names = {*args.routers, *(f"{n} {IN_CLUSTER}" for n in args.in_cluster)}
+    if missing := {n for pair in args.pairs for n in pair} - scored_names:
+        parser.error(f"--pairs: {sorted(missing)} not scored in this run (add them to --routers / --in-cluster)")
     args.out = args.out or kw.RESULTS / "k_worker_transfer.json"
 
     data, _, book = kw.load_table(args.data)
@@ -167,6 +235,7 @@ def main(argv=None) -> int:
     frame = pd.read_parquet(kw.CACHE / "dcrouter.parquet")
     cluster = frame.drop_duplicates("query_id").set_index("query_id")["dataset"].reindex(data.query_ids).to_numpy()
     rows, boots = [], {}  # boots: router → held-out cluster → its bootstrap APGRs
+    two_quality, two_scored = {}, {}  # (router, held-out cluster) → two-worker quality; cluster → its scored queries
     parts = sorted(set(cluster))
     for held in parts:
         source = np.flatnonzero(cluster != held)
@@ -185,6 +254,7 @@ def main(argv=None) -> int:
                 if k_workers == "two":
                     row.update(two_worker_metrics(quality, scored))
                     boots.setdefault(name, {})[held] = values = apgr_resamples(quality, scored)
+                    two_quality[name, held], two_scored[held] = quality, scored
                     row["apgr_lo"], row["apgr_hi"] = percentile_interval(values)
                 else:
                     row.update(curve_at_budgets(make_router(name.partition("+")[0], 0), quality, scored))
@@ -195,17 +265,22 @@ def main(argv=None) -> int:
         view = project(data, [WEAK, STRONG]).subset(scored_rows)
         for name in args.in_cluster:
             quality = cross_fit(view, lambda seed, _n=name: make_router(_n, seed), k=5, seed=0)
-            row = {"held_out": held, "workers": "two", "router": f"{name} [in-cluster 5-fold]", "n_train": len(view) - len(view) // 5,
+            row = {"held_out": held, "workers": "two", "router": f"{name} {IN_CLUSTER}", "n_train": len(view) - len(view) // 5,
                    "n_scored": len(view), **two_worker_metrics(quality, view)}
             boots.setdefault(row["router"], {})[held] = values = apgr_resamples(quality, view)
+            two_quality[row["router"], held] = quality
             row["apgr_lo"], row["apgr_hi"] = percentile_interval(values)
             rows.append(row)
             print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     mean_ci = {name: ci for name, by_part in boots.items() if (ci := mean_interval(by_part, parts))}
+    differences = paired_rows(args.pairs, two_quality, two_scored, parts)
     if args.update:
         rows = merged_rows(args.out, rows, args.sample)
-        kept = json.loads(args.out.read_text(encoding="utf-8")).get("apgr_mean_95ci", {})
-        mean_ci = {**{r: ci for r, ci in kept.items() if r in {row["router"] for row in rows}}, **mean_ci}
+        old = json.loads(args.out.read_text(encoding="utf-8"))
+        mean_ci = {**{r: ci for r, ci in old.get("apgr_mean_95ci", {}).items() if r in {row["router"] for row in rows}},
+                   **mean_ci}
+        differences = [d for d in old.get("apgr_paired_differences", [])
+                       if (d["first"], d["second"]) not in args.pairs] + differences
     table = pd.DataFrame(rows)
     two_rows = table[table.workers == "two"]
     two = two_rows.pivot(index="router", columns="held_out", values="apgr")
@@ -216,14 +291,18 @@ def main(argv=None) -> int:
     nine = table[table.workers == "nine"].groupby("router")[["acc_at_15", "acc_at_50", "best_single_accuracy"]].mean()
     result = {"benchmark": "k_worker_transfer", "issue": 28, "price_book": book, "sample_fraction": args.sample,
               "weak": WEAK, "strong": STRONG, "rows": rows, "apgr_mean_95ci": mean_ci,
+              "apgr_paired_differences": differences,
               "apgr_by_held_out_cluster": two.reset_index().to_dict("records"),
               "nine_workers_mean_over_held_out": nine.reset_index().to_dict("records"),
-              "machine": "OMP/MKL 1 thread, nice 5, beside another CPU job"}
+              "machine": f"OMP/MKL 1 thread, nice {os.nice(0)}, beside another CPU job"}
     write_json_atomic(result, args.out)
     md = ["APGR (gemma-2-9b-it vs nemotron-51b), fitted on two clusters, scored on the third "
           f"(less a {args.sample:.0%} target sample):", "", two.to_markdown(), "",
           "Nine workers, mean over held-out clusters (accuracy at ≤ 15 % / ≤ 50 % of the best single model's cost):",
           "", nine.round(3).to_markdown()]
+    if differences:
+        md += ["", "Paired differences of APGR, first − second, on the same scored queries (95 % paired bootstrap "
+               "intervals; the mean's stratified over the held-out clusters):", "", difference_table(differences)]
     write_text_atomic("\n".join(md) + "\n", args.out.with_suffix(".md"))
     print("\n".join(md))
     return 0

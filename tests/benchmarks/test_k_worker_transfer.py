@@ -109,3 +109,68 @@ def test_the_mean_interval_resamples_each_held_out_part_on_its_own():
     # independent parts average out: the mean's interval is narrower than either part's
     assert hi - lo < min(np.subtract(*kt.percentile_interval(v)[::-1]) for v in by_part.values())
     assert kt.mean_interval(by_part, ["c0", "c1", "c2"]) is None  # a part never scored: no interval
+
+
+def _two_worker_table(n: int = 400, seed: int = 0):
+    """A synthetic two-worker table: the strong worker right on 80 % of queries, the weak on 55 %, and a
+    router's quality signal that tracks which one is right, plus a second router reading the same
+    signal with a little noise of its own (two routers that share most of their per-query errors)."""
+    from models.base import RoutingData
+
+    rng = np.random.default_rng(seed)
+    weak, strong = rng.random(n) < 0.55, rng.random(n) < 0.8
+    data = RoutingData(query_ids=[f"q{i}" for i in range(n)], queries=[f"query {i}" for i in range(n)],
+                       workers=["weak", "strong"], scores=np.c_[weak, strong].astype(float),
+                       costs=np.tile([0.1, 0.9], (n, 1)))
+    signal = (strong.astype(float) - weak) + rng.normal(0, 0.8, n)
+    quality = np.c_[np.zeros(n), signal]
+    other = np.c_[np.zeros(n), signal + rng.normal(0, 0.3, n)]
+    return data, quality, other
+
+
+def test_a_router_paired_with_itself_differs_by_exactly_zero():
+    data, quality, _ = _two_worker_table()
+    diffs = kt.paired_resamples(quality, quality.copy(), data)
+    assert diffs.shape == (1000,) and np.all(diffs[~np.isnan(diffs)] == 0.0)
+    assert kt.percentile_interval(diffs) == (0.0, 0.0)
+
+
+def test_the_paired_difference_reads_both_routers_on_the_same_resamples():
+    from evaluation.replay import resample_counts
+
+    data, quality, other = _two_worker_table()
+    diffs = kt.paired_resamples(quality, other, data, n_boot=200)
+    counts = resample_counts(len(data), 200, 0)  # seed 0: the draws each router's own interval reads
+    np.testing.assert_array_equal(diffs, kt.apgr_resamples(quality, data, counts=counts)
+                                  - kt.apgr_resamples(other, data, counts=counts))
+    np.testing.assert_array_equal(kt.apgr_resamples(quality, data, 200), kt.apgr_resamples(quality, data, counts=counts))
+    # unpaired (each router on its own draws): the shared per-query luck no longer cancels
+    unpaired = kt.apgr_resamples(quality, data, counts=counts) - \
+        kt.apgr_resamples(other, data, counts=resample_counts(len(data), 200, 1))
+    assert np.nanstd(diffs) < np.nanstd(unpaired) / 2
+
+
+def test_the_paired_interval_is_narrower_than_the_separate_intervals_allow():
+    data, quality, other = _two_worker_table()
+    lo, hi = kt.percentile_interval(kt.paired_resamples(quality, other, data))
+    (lo_a, hi_a), (lo_b, hi_b) = kt.apgr_interval(quality, data), kt.apgr_interval(other, data)
+    point = kt.two_worker_metrics(quality, data)["apgr"] - kt.two_worker_metrics(other, data)["apgr"]
+    assert lo <= point <= hi
+    assert hi - lo < (hi_a - lo_b) - (lo_a - hi_b)  # narrower than the difference of the separate intervals
+
+
+def test_paired_rows_give_each_part_and_the_stratified_mean():
+    parts = ["c0", "c1"]
+    tables = {p: _two_worker_table(300, seed) for p, seed in zip(parts, (1, 2))}
+    scored = {p: t[0] for p, t in tables.items()}
+    quality = {**{("a", p): t[1] for p, t in tables.items()}, **{("b", p): t[2] for p, t in tables.items()}}
+    rows = kt.paired_rows([("a", "b"), ("a", "a")], quality, scored, parts)
+    assert [(r["first"], r["second"], r["held_out"]) for r in rows] == \
+        [("a", "b", "c0"), ("a", "b", "c1"), ("a", "b", "mean"), ("a", "a", "c0"), ("a", "a", "c1"), ("a", "a", "mean")]
+    by_part = {r["held_out"]: r for r in rows[:3]}
+    assert by_part["mean"]["apgr_difference"] == pytest.approx((by_part["c0"]["apgr_difference"]
+                                                               + by_part["c1"]["apgr_difference"]) / 2)
+    assert all(r["lo"] <= r["apgr_difference"] <= r["hi"] for r in rows[:3])
+    assert all(r["apgr_difference"] == r["lo"] == r["hi"] == 0.0 for r in rows[3:])
+    assert "a − b" in kt.difference_table(rows)
+    assert kt.parse_pair("knn:knn [in-cluster 5-fold]") == ("knn", "knn [in-cluster 5-fold]")
