@@ -117,28 +117,79 @@ def at_budget(acc: np.ndarray, usd: np.ndarray, budget: float) -> float | None:
     return float(acc[ok].max()) if ok.any() else None
 
 
+def accuracy_at_budget_resampled(ops, counts: np.ndarray, ref_usd: np.ndarray, fraction: float) -> np.ndarray:
+    """(B,) the best accuracy among the operating points within `fraction` of the reference's cost,
+    on each resample (counts: n × B weights summing to 1 per column); -inf where none is within."""
+    acc, usd = ops.correct @ counts, ops.paid @ counts  # (knobs, B)
+    within = usd <= fraction * ref_usd[None, :] * (1 + 1e-9)
+    return np.where(within, acc, -np.inf).max(axis=0)
+
+
+def percentile_95(values: np.ndarray) -> tuple:
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return None, None
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def gap_interval(ops, test: RoutingData, best: int, fraction: float, n_boot: int = 1000, seed: int = 0) -> tuple:
     """95 % percentile interval (Efron & Tibshirani 1993, ch. 13) of accuracy-at-budget minus the best
     single model's accuracy, over resamples of the test queries (paired: both read on each resample;
     the budget is the fraction of the best model's cost on that resample)."""
     counts = resample_counts(len(test), n_boot, seed).T / len(test)  # (n, B)
-    acc, usd = ops.correct @ counts, ops.paid @ counts  # (knobs, B)
     ref_acc, ref_usd = test.scores[:, best] @ counts, test.costs[:, best] @ counts
-    within = usd <= fraction * ref_usd[None, :] * (1 + 1e-9)
-    at = np.where(within, acc, -np.inf).max(axis=0)
-    gaps = at - ref_acc
-    gaps = gaps[np.isfinite(gaps)]
-    if gaps.size == 0:
-        return None, None
-    lo, hi = np.percentile(gaps, [2.5, 97.5])
-    return float(lo), float(hi)
+    return percentile_95(accuracy_at_budget_resampled(ops, counts, ref_usd, fraction) - ref_acc)
+
+
+def difference_interval(ops_a, ops_b, test: RoutingData, best: int, fraction: float, n_boot: int = 1000,
+                        seed: int = 0) -> tuple:
+    """95 % paired bootstrap interval of accuracy-at-budget of router A minus router B: both read on
+    the same resamples of the test queries (the same draw `gap_interval` uses), so the variation of
+    the queries they share cancels (Koehn 2004's paired bootstrap), which two separate gap intervals
+    cannot show."""
+    counts = resample_counts(len(test), n_boot, seed).T / len(test)
+    ref_usd = test.costs[:, best] @ counts
+    a, b = (accuracy_at_budget_resampled(ops, counts, ref_usd, fraction) for ops in (ops_a, ops_b))
+    both = np.isfinite(a) & np.isfinite(b)  # a resample where either has no point within the budget drops out
+    return percentile_95(a[both] - b[both])
+
+
+def shared_grid(router, q_val: np.ndarray, q_test: np.ndarray, val: RoutingData, test: RoutingData) -> np.ndarray:
+    """The knob values a read-out sweeps: the router's grid on val and on test, together."""
+    return np.unique(np.concatenate([knob_grid(router, q_val, val.costs), knob_grid(router, q_test, test.costs)]))
+
+
+def operating_points_on_test(router, q_val: np.ndarray, q_test: np.ndarray, val: RoutingData, test: RoutingData):
+    """The router's operating points on test, on the knob grid `readout` sweeps."""
+    return operating_points(router, q_test, test, shared_grid(router, q_val, q_test, val, test))
+
+
+def paired_difference(first: str, second: str, seeds, train, scored, val, test, best: int, ref_test: float) -> dict:
+    """Accuracy at each budget of `first` minus `second` (mean over seeds) with the paired interval of
+    each seed's difference, the interval's ends averaged over seeds as the gap intervals are."""
+    nv = len(val)
+    per_seed = []
+    for seed in seeds:
+        ops = []
+        for name in (first, second):
+            quality, _ = predictions(name, seed, train, scored, refit=False)
+            ops.append(operating_points_on_test(make_router(name, seed), quality[:nv], quality[nv:], val, test))
+        row = {}
+        for f in BUDGETS:
+            tag = f"{round(100 * f)}"
+            at = [at_budget(o.correct.mean(axis=1), o.paid.mean(axis=1), f * ref_test) for o in ops]
+            row[f"difference_at_{tag}"] = None if None in at else at[0] - at[1]
+            row[f"difference_at_{tag}_lo"], row[f"difference_at_{tag}_hi"] = difference_interval(*ops, test, best, f)
+        per_seed.append(row)
+    return {"first": first, "second": second, **mean_rows(per_seed)}
 
 
 def readout(router, q_val, q_test, val: RoutingData, test: RoutingData, ref_val: float, ref_test: float,
             best: int | None = None) -> dict:
     """Curve and val-chosen read-outs of one fitted router (see the module docstring); with `best`
     (the best single model's column), paired bootstrap intervals of the gap to it at each budget."""
-    grid = np.unique(np.concatenate([knob_grid(router, q_val, val.costs), knob_grid(router, q_test, test.costs)]))
+    grid = shared_grid(router, q_val, q_test, val, test)
     ops_t = operating_points(router, q_test, test, grid)
     ops_v = operating_points(router, q_val, val, grid)
     acc_t, usd_t = ops_t.correct.mean(axis=1), ops_t.paid.mean(axis=1)
@@ -180,6 +231,9 @@ def markdown(result: dict) -> str:
     def cell(v):
         return "—" if v is None else f"{v:.3f}"
 
+    def signed(v):
+        return "—" if v is None else f"{v:+.3f}"
+
     def ci(r, tag):
         lo, hi = r.get(f"gap_at_{tag}_lo"), r.get(f"gap_at_{tag}_hi")
         return "" if lo is None or hi is None else f"[{lo:+.3f}, {hi:+.3f}]"
@@ -198,6 +252,14 @@ def markdown(result: dict) -> str:
             f"({cell(r.get('val_chosen_cost_ratio_at_50'))}) | {ci(r, 15)} | {ci(r, 50)} "
             f"| {cell(r.get('cost_ratio_to_match_best'))} |")
     ref = result["best_single"]
+    if result.get("paired_differences"):
+        lines += ["", "Paired differences of accuracy at a budget (first − second, mean over seeds; 95 % paired "
+                  "bootstrap interval of the test queries, its ends averaged over seeds):", "",
+                  "| first − second | ≤ 15 % [95 % CI] | ≤ 50 % [95 % CI] |", "|---|---|---|"]
+        for d in result["paired_differences"]:
+            cells = [f"{signed(d[f'difference_at_{t}'])} [{signed(d[f'difference_at_{t}_lo'])}, "
+                     f"{signed(d[f'difference_at_{t}_hi'])}]" for t in ("15", "50")]
+            lines.append(f"| {d['first']} − {d['second']} | {cells[0]} | {cells[1]} |")
     lines += ["", f"Best single model on test: {ref['worker']} (accuracy {ref['accuracy']:.3f}, "
               f"${ref['usd_per_query']:.3g} per query). Mean over seeds {result['seeds']}; "
               f"{result['n']['train']} train / {result['n']['val']} val / {result['n']['test']} test queries. "
@@ -218,13 +280,16 @@ def updated(result: dict, path: Path) -> dict:
     rows = {**old["rows"], **result["rows"]}
     # The table's order, whatever order the JSON kept: single models, the oracle, then the routers as
     # the full run lists them (BASELINES, NEW, LITERATURE, LEXICAL), then any other.
-    listed = ["oracle", *BASELINES, *NEW, *LITERATURE, *LEXICAL]
+    listed = ["oracle", *BASELINES, *NEW, *LITERATURE, *LEXICAL, *LM_VECTORS]
     rank = {**{f"single:{w}": i - len(result["workers"]) for i, w in enumerate(result["workers"])},
             **{name: i for i, name in enumerate(listed)}}
     rows = dict(sorted(rows.items(), key=lambda kv: rank.get(kv[0], len(listed))))
     timings = {**old.get("timings_s", {}), **result["timings_s"]}
     commands = [*old.get("commands", [old["command"]]), result["command"]]
-    return {**result, "rows": rows, "timings_s": timings, "commands": commands}
+    pairs = {(d["first"], d["second"]): d for d in [*old.get("paired_differences", []),
+                                                    *result.get("paired_differences", [])]}
+    return {**result, "rows": rows, "timings_s": timings, "commands": commands,
+            "paired_differences": list(pairs.values())}
 
 
 def main(argv=None) -> int:
@@ -236,7 +301,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "k_worker_routing.json")
     parser.add_argument("--update", action="store_true",
                         help="keep the rows of --out's routers not run now (same table, split and seeds only)")
+    parser.add_argument("--pairs", nargs="*", default=[], metavar="FIRST:SECOND",
+                        help="paired bootstrap intervals of accuracy at each budget, FIRST − SECOND (both in --routers)")
     args = parser.parse_args(argv)
+    pairs = [tuple(p.split(":", 1)) for p in args.pairs]
+    if bad := [p for p, pair in zip(args.pairs, pairs) if len(pair) != 2 or not set(pair) <= set(args.routers)]:
+        parser.error(f"--pairs {bad}: each must be FIRST:SECOND, both named in --routers")
 
     start = time.perf_counter()
     data, split, book = load_table(args.data)
@@ -283,6 +353,8 @@ def main(argv=None) -> int:
         "best_single": {"worker": data.workers[best], "accuracy": float(acc_t[best]), "usd_per_query": ref_test},
         "goal": {"acc_at_15_at_least": float(acc_t[best]), "acc_at_50_at_least": float(acc_t[best]) + 0.03},
         "rows": rows, "timings_s": timings,
+        "paired_differences": [paired_difference(a, b, args.seeds, train, scored, val, test, best, ref_test)
+                               for a, b in pairs],
         "machine": {"python": platform.python_version(), "threads": f"OMP/MKL 1, nice {os.nice(0)}, beside another CPU job"},
         "command": "python benchmarks/k_worker_routing.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }

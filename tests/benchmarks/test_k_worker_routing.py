@@ -33,3 +33,58 @@ def test_update_refuses_an_earlier_run_on_other_seeds(bench, tmp_path):
     path.write_text(json.dumps(result({"mf": {"acc_at_15": 0.4}}, seeds=(0,))))
     with pytest.raises(SystemExit, match="another table, split or seeds"):
         bench.updated(result({"knn": {"acc_at_15": 0.5}}), path)
+
+
+def _ops(correct, paid):
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    return SimpleNamespace(correct=np.asarray(correct, dtype=float), paid=np.asarray(paid, dtype=float))
+
+
+def _table(n: int = 200):
+    import numpy as np
+
+    from models.base import RoutingData
+
+    rng = np.random.default_rng(0)
+    scores = (rng.random((n, 2)) < [0.5, 0.7]).astype(float)
+    return RoutingData(query_ids=[f"q{i}" for i in range(n)], queries=[f"q{i}" for i in range(n)], workers=["a", "b"],
+                       scores=scores, costs=np.tile([0.1, 1.0], (n, 1)))
+
+
+def test_paired_difference_of_a_router_with_itself_is_exactly_zero(bench):
+    import numpy as np
+
+    test = _table()
+    rng = np.random.default_rng(1)
+    ops = _ops(rng.random((3, len(test))) < 0.6, np.tile([[0.1], [0.3], [1.0]], (1, len(test))))
+    assert bench.difference_interval(ops, ops, test, best=1, fraction=0.5) == (0.0, 0.0)
+
+
+def test_paired_interval_is_narrower_than_the_gap_intervals_apart(bench):
+    import numpy as np
+
+    test = _table()
+    rng = np.random.default_rng(2)
+    base = rng.random(len(test)) < 0.6
+    better = base.copy()
+    better[np.flatnonzero(~base)[:10]] = True  # right on ten more queries, the rest the same
+    paid = np.full((1, len(test)), 0.1)
+    a, b = _ops(better[None, :], paid), _ops(base[None, :], paid)
+    lo, hi = bench.difference_interval(a, b, test, best=1, fraction=0.15)
+    assert 0 < lo <= 10 / len(test) <= hi  # every resample keeps A ahead: the shared queries cancel
+    (a_lo, a_hi), (b_lo, b_hi) = (bench.gap_interval(o, test, 1, 0.15) for o in (a, b))
+    assert hi - lo < (a_hi - a_lo) and a_lo - b_hi < 0  # the separate intervals overlap; the paired one does not
+    assert bench.difference_interval(a, b, test, best=1, fraction=0.05) == (None, None)  # nothing within 5 %
+
+
+def test_update_keeps_pairs_not_rerun(bench, tmp_path):
+    path = tmp_path / "k_worker_routing.json"
+    old = {**result({"knn": {}}), "paired_differences": [{"first": "a", "second": "b", "difference_at_15": 0.1},
+                                                          {"first": "c", "second": "b", "difference_at_15": 0.2}]}
+    path.write_text(json.dumps(old))
+    new = {**result({"knn": {}}), "paired_differences": [{"first": "a", "second": "b", "difference_at_15": 0.3}]}
+    pairs = bench.updated(new, path)["paired_differences"]
+    assert pairs == [{"first": "a", "second": "b", "difference_at_15": 0.3}, {"first": "c", "second": "b", "difference_at_15": 0.2}]
