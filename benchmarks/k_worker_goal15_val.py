@@ -127,6 +127,14 @@ def val_markdown(result: dict, best_worker: str, best_acc: float) -> str:
     return "\n".join([f"val's best single model: {best_worker} {best_acc:.3f}", ""] + lines) + "\n"
 
 
+def write_val_run(result: dict, argv, out: Path, best_worker: str, best_acc: float) -> None:
+    """The run's command line added to `result`, then its JSON and val_markdown's table, each atomically."""
+    script = Path(sys.argv[0]).name if argv is None else f"{result['benchmark']}.py"
+    result["command"] = f"python benchmarks/{script} " + " ".join(sys.argv[1:] if argv is None else argv)
+    write_json_atomic(result, out)
+    write_text_atomic(val_markdown(result, best_worker, best_acc), out.with_suffix(".md"))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
@@ -206,10 +214,8 @@ def main(argv=None) -> int:
                      "train) and read on val only; budgets are fractions of val's best single model's val cost"),
         "rows": rows,
         "test": read_on_test(rows, on_val, on_test, rule, val, test, data) if test is not None else None,
-        "command": "python benchmarks/k_worker_goal15_val.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
-    write_json_atomic(result, args.out)
-    write_text_atomic(val_markdown(result, data.workers[best], float(acc[best])), args.out.with_suffix(".md"))
+    write_val_run(result, argv, args.out, data.workers[best], float(acc[best]))
     return 0
 
 

