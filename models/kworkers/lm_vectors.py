@@ -72,7 +72,9 @@ def load_truncated_lm(gguf: Path, blocks: int):
     config.num_hidden_layers = min(blocks, config.num_hidden_layers)
     model = AutoModelForCausalLM.from_config(config)
     kept = model.state_dict().keys()
-    missing, _ = model.load_state_dict({k: v for k, v in weights.items() if k in kept}, strict=False)
+    # assign=True: the model takes the cached tensors themselves, not copies (inference only, never
+    # trained), so a process holds the dense weights once however many encoders it builds.
+    missing, _ = model.load_state_dict({k: v for k, v in weights.items() if k in kept}, strict=False, assign=True)
     if missing:
         raise RuntimeError(f"{gguf}: no weights for {missing[:3]}")
     return tokenizer, model.eval()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from evaluation.replay import run_replay_benchmark
 from evaluation.serving import ServedRouter
 from models import registry
 from models.base import RoutingData
@@ -22,7 +23,7 @@ def topic_table(n: int = 120, seed: int = 0) -> RoutingData:
     poems, w2 always. The MiniLM slot holds noise, so only the LM's reading of the text tells."""
     rng = np.random.default_rng(seed)
     poem = rng.random(n) < 0.5
-    queries = [f"Write a short poem about {rng.choice(TOPICS)} at night." if poem[i]
+    queries = [f"Write a short poem about {rng.choice(TOPICS)} at night (poem {i})." if poem[i]
                else f"Write a Python function that sorts a list of {rng.choice(TOPICS)} by size (case {i})."
                for i in range(n)]
     scores = np.zeros((n, 3))
@@ -58,6 +59,16 @@ def test_dropping_the_blocks_above_the_layer_read_changes_nothing():
     shallow = lm_query_vectors(texts, layers=[2], batch=2, threads=1)  # runs three blocks
     full = lm_query_vectors(texts, layers=[2, 29], batch=2, threads=1)  # runs all thirty
     np.testing.assert_allclose(shallow[2], full[2], rtol=1e-4, atol=1e-4)
+
+
+def test_models_built_in_one_process_share_its_dense_weights():
+    from models.kworkers.lm_vectors import dense_weights, load_truncated_lm, smollm2_gguf
+
+    _, weights, _ = dense_weights(smollm2_gguf())
+    (_, shallow), (_, deeper) = load_truncated_lm(smollm2_gguf(), 3), load_truncated_lm(smollm2_gguf(), 9)
+    assert len(shallow.model.layers) == 3 and len(deeper.model.layers) == 9
+    for key in ("model.embed_tokens.weight", "model.layers.2.mlp.up_proj.weight"):
+        assert shallow.state_dict()[key].data_ptr() == deeper.state_dict()[key].data_ptr() == weights[key].data_ptr()
 
 
 def test_standardised_uses_train_statistics_and_unit_norm():
@@ -114,3 +125,6 @@ def test_registered_names_and_serving_give_the_routers_own_qualities(encoder, tm
     ensemble = registry.make_router("smollm2_ensemble", 0).fit(train).predict_quality(test)
     lexical = registry.make_router("lexical", 0).fit(train).predict_quality(test)
     np.testing.assert_allclose(ensemble, (router.predict_quality(test) + lexical) / 2, rtol=1e-6)
+    board = run_replay_benchmark(test, None, ["knn_smollm2", "smollm2_ensemble"], seeds=(0,), n_boot=0,
+                                 progress=False, train=train, n_jobs=1).set_index("router")
+    assert np.isfinite(board.loc[["knn_smollm2", "smollm2_ensemble"], "aiq"]).all()  # the harness takes them by name
