@@ -37,13 +37,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.k_worker_routing import (  # noqa: E402
-    BUDGETS, RESULTS, at_budget, difference_interval, gap_interval, load_table, mean_rows, operating_points_on_test,
+    BUDGETS, RESULTS, at_budget, checked_pairs, difference_interval, gap_interval, load_table, mean_rows,
+    operating_points_on_test, write_result,
 )
 from evaluation.replay import cross_fit  # noqa: E402
 from models.base import RoutingData  # noqa: E402
 from models.registry import ENSEMBLES, make_router  # noqa: E402
 from routerops import metrics  # noqa: E402
-from routerops.schema import write_json_atomic, write_text_atomic  # noqa: E402
 
 DEFAULT_ROUTERS = ("knn", "lexical_ensemble", "knn_smollm2", "smollm2_ensemble")
 DEFAULT_PAIRS = ("knn_smollm2:knn", "knn_smollm2:lexical_ensemble", "smollm2_ensemble:lexical_ensemble")
@@ -118,9 +118,7 @@ def main(argv=None) -> int:
     parser.add_argument("--pairs", nargs="*", default=list(DEFAULT_PAIRS), metavar="FIRST:SECOND")
     parser.add_argument("--out", type=Path, default=RESULTS / "k_worker_crossfit.json")
     args = parser.parse_args(argv)
-    pairs = [tuple(p.split(":", 1)) for p in args.pairs]
-    if bad := [p for p, pair in zip(args.pairs, pairs) if len(pair) != 2 or not set(pair) <= set(args.routers)]:
-        parser.error(f"--pairs {bad}: each must be FIRST:SECOND, both named in --routers")
+    pairs = checked_pairs(parser, args.pairs, args.routers)
 
     data, _, book = load_table(args.data)
     acc, usd = data.scores.mean(axis=0), data.costs.mean(axis=0)
@@ -149,9 +147,7 @@ def main(argv=None) -> int:
         "wall_s": time.perf_counter() - start,
         "command": "python benchmarks/k_worker_crossfit.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
-    write_json_atomic(result, args.out)
-    write_text_atomic(markdown(result), args.out.with_suffix(".md"))
-    print(markdown(result))
+    write_result(result, args.out, markdown)
     return 0
 
 

@@ -49,7 +49,6 @@ import k_worker_routing as kw  # noqa: E402
 from evaluation.replay import knob_grid  # noqa: E402
 from models.base import Router, RoutingData  # noqa: E402
 from routerops import metrics  # noqa: E402
-from routerops.schema import write_json_atomic, write_text_atomic  # noqa: E402
 
 PEER_SIDE = REPO / "benchmarks" / "k_worker_peer_side.py"
 WORK = kw.CACHE / "peer"
@@ -305,9 +304,7 @@ def main(argv=None) -> int:
                     "threads": "OMP/MKL/torch 1, nice 19, beside another CPU job"},
         "command": "python benchmarks/k_worker_peer.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
-    write_json_atomic(result, args.out)
-    write_text_atomic(markdown(result), args.out.with_suffix(".md"))
-    print(markdown(result))
+    kw.write_result(result, args.out, markdown)
     return 0
 
 

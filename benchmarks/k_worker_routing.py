@@ -292,6 +292,23 @@ def updated(result: dict, path: Path) -> dict:
             "paired_differences": list(pairs.values())}
 
 
+def checked_pairs(parser: argparse.ArgumentParser, pairs: list[str], routers: list[str]) -> list[tuple[str, str]]:
+    """--pairs FIRST:SECOND as (first, second) tuples; a parser error unless both are in --routers."""
+    split = [tuple(p.split(":", 1)) for p in pairs]
+    if bad := [p for p, pair in zip(pairs, split) if len(pair) != 2 or not set(pair) <= set(routers)]:
+        parser.error(f"--pairs {bad}: each must be FIRST:SECOND, both named in --routers")
+    return split
+
+
+def write_result(result: dict, out: Path, render) -> None:
+    """A benchmark's JSON and its Markdown rendering (`render(result)`), each written atomically, and
+    the Markdown printed."""
+    write_json_atomic(result, out)
+    text = render(result)
+    write_text_atomic(text, out.with_suffix(".md"))
+    print(text)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
@@ -304,9 +321,7 @@ def main(argv=None) -> int:
     parser.add_argument("--pairs", nargs="*", default=[], metavar="FIRST:SECOND",
                         help="paired bootstrap intervals of accuracy at each budget, FIRST − SECOND (both in --routers)")
     args = parser.parse_args(argv)
-    pairs = [tuple(p.split(":", 1)) for p in args.pairs]
-    if bad := [p for p, pair in zip(args.pairs, pairs) if len(pair) != 2 or not set(pair) <= set(args.routers)]:
-        parser.error(f"--pairs {bad}: each must be FIRST:SECOND, both named in --routers")
+    pairs = checked_pairs(parser, args.pairs, args.routers)
 
     start = time.perf_counter()
     data, split, book = load_table(args.data)
@@ -360,9 +375,7 @@ def main(argv=None) -> int:
     }
     if args.update:
         result = updated(result, args.out)
-    write_json_atomic(result, args.out)
-    write_text_atomic(markdown(result), args.out.with_suffix(".md"))
-    print(markdown(result))
+    write_result(result, args.out, markdown)
     return 0
 
 
