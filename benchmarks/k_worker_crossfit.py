@@ -37,8 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.k_worker_routing import (  # noqa: E402
-    BUDGETS, RESULTS, at_budget, checked_pairs, difference_interval, gap_interval, load_table, mean_rows,
-    operating_points_on_test, write_result,
+    BUDGETS, RESULTS, at_budget, check_pairs, difference_interval, gap_interval, load_table, mean_rows,
+    operating_points_on_test, parse_pair, write_result,
 )
 from evaluation.replay import cross_fit  # noqa: E402
 from models.base import RoutingData  # noqa: E402
@@ -115,16 +115,17 @@ def main(argv=None) -> int:
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--routers", nargs="+", default=list(DEFAULT_ROUTERS))
-    parser.add_argument("--pairs", nargs="*", default=list(DEFAULT_PAIRS), metavar="FIRST:SECOND")
+    parser.add_argument("--pairs", nargs="*", type=parse_pair, default=[parse_pair(p) for p in DEFAULT_PAIRS],
+                        metavar="FIRST:SECOND")
     parser.add_argument("--out", type=Path, default=RESULTS / "k_worker_crossfit.json")
     args = parser.parse_args(argv)
-    pairs = checked_pairs(parser, args.pairs, args.routers)
+    check_pairs(parser, args.pairs, set(args.routers))
 
     data, _, book = load_table(args.data)
     acc, usd = data.scores.mean(axis=0), data.costs.mean(axis=0)
     best = metrics.best_single(usd, acc)
     per_router: dict[str, list[dict]] = {name: [] for name in args.routers}
-    per_pair: dict[tuple, list[dict]] = {pair: [] for pair in pairs}
+    per_pair: dict[tuple, list[dict]] = {pair: [] for pair in args.pairs}
     start = time.perf_counter()
     for seed in args.seeds:
         quality = out_of_fold(args.routers, data, seed)
@@ -133,7 +134,7 @@ def main(argv=None) -> int:
             row, ops[name] = read(name, quality[name], data, best)
             per_router[name].append(row)
             print(f"seed {seed} {name}: ≤15% {row['acc_at_15']:.3f}  ≤50% {row['acc_at_50']:.3f}", flush=True)
-        for a, b in pairs:
+        for a, b in args.pairs:
             per_pair[a, b].append(difference(ops[a], ops[b], data, best))
     result = {
         "benchmark": "k_worker_crossfit", "issue": 28, "price_book": book, "seeds": args.seeds, "n": len(data),

@@ -126,6 +126,7 @@ def accuracy_at_budget_resampled(ops, counts: np.ndarray, ref_usd: np.ndarray, f
 
 
 def percentile_95(values: np.ndarray) -> tuple:
+    """The 2.5th and 97.5th percentiles of the finite replicates; (None, None) when there are none."""
     values = values[np.isfinite(values)]
     if values.size == 0:
         return None, None
@@ -292,12 +293,18 @@ def updated(result: dict, path: Path) -> dict:
             "paired_differences": list(pairs.values())}
 
 
-def checked_pairs(parser: argparse.ArgumentParser, pairs: list[str], routers: list[str]) -> list[tuple[str, str]]:
-    """--pairs FIRST:SECOND as (first, second) tuples; a parser error unless both are in --routers."""
-    split = [tuple(p.split(":", 1)) for p in pairs]
-    if bad := [p for p, pair in zip(pairs, split) if len(pair) != 2 or not set(pair) <= set(routers)]:
-        parser.error(f"--pairs {bad}: each must be FIRST:SECOND, both named in --routers")
-    return split
+def parse_pair(text: str) -> tuple[str, str]:
+    """'first:second' (router names as in the rows, e.g. 'knn:knn [in-cluster 5-fold]'): an argparse type."""
+    first, sep, second = text.partition(":")
+    if not (first and sep and second):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected first:second")
+    return first, second
+
+
+def check_pairs(parser: argparse.ArgumentParser, pairs: list[tuple[str, str]], scored: set[str]) -> None:
+    """A parser error unless both routers of every --pairs entry are scored in this run."""
+    if missing := {n for pair in pairs for n in pair} - set(scored):
+        parser.error(f"--pairs: {sorted(missing)} not scored in this run (add them to --routers)")
 
 
 def write_result(result: dict, out: Path, render) -> None:
@@ -318,10 +325,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "k_worker_routing.json")
     parser.add_argument("--update", action="store_true",
                         help="keep the rows of --out's routers not run now (same table, split and seeds only)")
-    parser.add_argument("--pairs", nargs="*", default=[], metavar="FIRST:SECOND",
+    parser.add_argument("--pairs", nargs="*", type=parse_pair, default=[], metavar="FIRST:SECOND",
                         help="paired bootstrap intervals of accuracy at each budget, FIRST − SECOND (both in --routers)")
     args = parser.parse_args(argv)
-    pairs = checked_pairs(parser, args.pairs, args.routers)
+    check_pairs(parser, args.pairs, set(args.routers))
 
     start = time.perf_counter()
     data, split, book = load_table(args.data)
@@ -369,7 +376,7 @@ def main(argv=None) -> int:
         "goal": {"acc_at_15_at_least": float(acc_t[best]), "acc_at_50_at_least": float(acc_t[best]) + 0.03},
         "rows": rows, "timings_s": timings,
         "paired_differences": [paired_difference(a, b, args.seeds, train, scored, val, test, best, ref_test)
-                               for a, b in pairs],
+                               for a, b in args.pairs],
         "machine": {"python": platform.python_version(), "threads": f"OMP/MKL 1, nice {os.nice(0)}, beside another CPU job"},
         "command": "python benchmarks/k_worker_routing.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }

@@ -106,10 +106,8 @@ def paired_resamples(quality: np.ndarray, other: np.ndarray, data: RoutingData, 
     return apgr_resamples(quality, data, counts=counts) - apgr_resamples(other, data, counts=counts)
 
 
-def percentile_interval(values: np.ndarray) -> tuple[float, float]:
-    values = values[~np.isnan(values)]
-    lo, hi = np.percentile(values, [2.5, 97.5])
-    return float(lo), float(hi)
+# 95 % percentile interval of bootstrap replicates, undefined (NaN) ones dropped: k_worker_routing's.
+percentile_interval = kw.percentile_95
 
 
 def apgr_interval(quality: np.ndarray, data: RoutingData, n_boot: int = 1000) -> tuple[float, float]:
@@ -162,14 +160,6 @@ def difference_table(differences: list[dict]) -> str:
     return frame.pivot(index="pair", columns="held_out", values="cell").to_markdown()
 
 
-def parse_pair(text: str) -> tuple[str, str]:
-    """'first:second' (router names as in the rows, e.g. 'knn:knn [in-cluster 5-fold]')."""
-    first, sep, second = text.partition(":")
-    if not (first and sep and second):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected first:second")
-    return first, second
-
-
 def fitted(name: str, train: RoutingData, sample: RoutingData):
     """(router, fitted on train) for a registry name, or for '<calibrated name>+target-cal' the same
     router with its calibration maps refitted on the target sample."""
@@ -218,15 +208,13 @@ def main(argv=None) -> int:
     parser.add_argument("--protocol", choices=["clusters", "gsm8k-steps"], default="clusters")
     parser.add_argument("--update", action="store_true",
                         help="keep the existing --out file's rows of the routers not rerun (adds routers to its tables)")
-    parser.add_argument("--pairs", nargs="*", type=parse_pair, default=[], metavar="FIRST:SECOND",
+    parser.add_argument("--pairs", nargs="*", type=kw.parse_pair, default=[], metavar="FIRST:SECOND",
                         help="clusters protocol: paired bootstrap intervals of APGR(first) − APGR(second); both routers "
                              "must be scored in this run (--routers, or '<name> [in-cluster 5-fold]' of --in-cluster)")
     args = parser.parse_args(argv)
     if args.protocol == "gsm8k-steps":
         return gsm8k_steps(args)
-    scored_names = {*args.routers, *(f"{n} {IN_CLUSTER}" for n in args.in_cluster)}
-    if missing := {n for pair in args.pairs for n in pair} - scored_names:
-        parser.error(f"--pairs: {sorted(missing)} not scored in this run (add them to --routers / --in-cluster)")
+    kw.check_pairs(parser, args.pairs, {*args.routers, *(f"{n} {IN_CLUSTER}" for n in args.in_cluster)})
     args.out = args.out or kw.RESULTS / "k_worker_transfer.json"
 
     data, _, book = kw.load_table(args.data)

@@ -35,6 +35,7 @@ from models.embeddings import EmbeddingCache, default_cache_dir, text_key
 
 DEFAULT_LAYER = 8  # chosen on val (benchmarks/k_worker_lm_encoder.py)
 DEFAULT_MAX_TOKENS = 1024  # longer than 99 % of the nine-model table's queries
+HIDDEN_SIZE = 576  # SmolLM2-135M's; an empty batch gets (0, HIDDEN_SIZE) without loading the model
 
 
 def smollm2_gguf() -> Path:
@@ -159,7 +160,7 @@ class LMQueryEncoder:
             if self.cache is not None:
                 self.cache.put_many(computed)
             found = {**found, **computed}
-        return np.stack([found[k] for k in keys]).astype(np.float32) if texts else np.zeros((0, 576), np.float32)
+        return np.stack([found[k] for k in keys]).astype(np.float32) if texts else np.zeros((0, HIDDEN_SIZE), np.float32)
 
 
 def train_statistics(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -88,3 +88,15 @@ def test_update_keeps_pairs_not_rerun(bench, tmp_path):
     new = {**result({"knn": {}}), "paired_differences": [{"first": "a", "second": "b", "difference_at_15": 0.3}]}
     pairs = bench.updated(new, path)["paired_differences"]
     assert pairs == [{"first": "a", "second": "b", "difference_at_15": 0.3}, {"first": "c", "second": "b", "difference_at_15": 0.2}]
+
+
+def test_pairs_parse_names_with_spaces_and_must_be_scored_in_the_run(bench):
+    import argparse
+
+    assert bench.parse_pair("knn:knn [in-cluster 5-fold]") == ("knn", "knn [in-cluster 5-fold]")
+    with pytest.raises(argparse.ArgumentTypeError, match="expected first:second"):
+        bench.parse_pair("knn")
+    parser = argparse.ArgumentParser()
+    bench.check_pairs(parser, [("knn", "mf")], {"knn", "mf"})  # both scored: no error
+    with pytest.raises(SystemExit):  # argparse's error exits with status 2
+        bench.check_pairs(parser, [("knn", "lexical")], {"knn", "mf"})

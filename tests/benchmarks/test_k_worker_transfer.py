@@ -173,4 +173,3 @@ def test_paired_rows_give_each_part_and_the_stratified_mean():
     assert all(r["lo"] <= r["apgr_difference"] <= r["hi"] for r in rows[:3])
     assert all(r["apgr_difference"] == r["lo"] == r["hi"] == 0.0 for r in rows[3:])
     assert "a − b" in kt.difference_table(rows)
-    assert kt.parse_pair("knn:knn [in-cluster 5-fold]") == ("knn", "knn [in-cluster 5-fold]")

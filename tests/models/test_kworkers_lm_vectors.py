@@ -84,6 +84,7 @@ def test_the_encoder_caches_by_text_and_pickles_without_weights_or_cache(encoder
     texts = ["Is 7 prime?", "Name a colour of the sky.", "Is 7 prime?"]
     first = encoder.encode(texts)
     np.testing.assert_array_equal(first[0], first[2])
+    assert encoder.encode([]).shape == (0, 576)
     again = LMQueryEncoder(layer=2, cache_dir=encoder.cache.path.parent)
     np.testing.assert_allclose(again.encode(texts[:2]), first[:2], rtol=1e-6)
     assert again._lm is None  # served from the disk cache: the model never loaded
