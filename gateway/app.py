@@ -45,6 +45,7 @@ from gateway.champion import Champion, Champions
 from gateway.errors import RequestError, error_headers
 from gateway.critiqued import answer_critiqued
 from gateway.families import CRITIQUE, ORCHESTRATOR, ChatMappingError
+from gateway.ops import add_operations
 from gateway.orchestrated import OrchestraRunner, answer_orchestrated
 from gateway.parsing import SAMPLING_FIELDS, TOOL_FIELDS, ChatRequest, check_chat_request, read_feedback, read_json_object
 from gateway.routing import Decision, decide, prompt_token_bound
@@ -695,6 +696,8 @@ def create_app(gw: Gateway) -> FastAPI:
     @app.get("/metrics", include_in_schema=False)
     async def metrics():
         return PlainTextResponse(gw.metrics(), media_type="text/plain; version=0.0.4")
+
+    add_operations(app, gw)  # GET /health, /ready; request traces (gateway/ops.py)
 
     accepted = {kind for w in gw.pool.workers if w.kind == "llm" for kind in w.accepts}
     openapi.install(app, gw.cfg.max_tokens_cap, [AUTO] + [ROUTER_PREFIX + n for n in gw.cfg.routers], accepted)

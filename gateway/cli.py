@@ -1,30 +1,26 @@
-"""`routerops gateway serve` and `routerops gateway keys create` (added to stages/cli.py's parser).
+"""`routerops gateway serve` and `routerops gateway keys create|list|revoke|set-budget|spend` (added to
+stages/cli.py's parser).
 
 A key is printed once, on stdout, when it is created; only its sha256 is stored, and it is never logged.
+
+Building this parser imports only argparse, pydantic and the settings model (gateway/settings.py):
+`--help` and a mistyped flag answer before FastAPI, MLflow or torch are imported; each command imports
+what it runs when it runs (tests/stages/test_cli_imports.py counts the modules).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
-import gc
 import json
-import logging
 import os
 import signal
 
-from gateway.app import Gateway, GatewayConfig, create_app
-from gateway.store import PERIODS, Store
-from routerops.config import TrackConfig
-from routerops.errors import InputError
+from gateway.settings import GatewaySettings, add_settings_flags, settings_from
+from routerops.errors import RouteropsError
 
-DEFAULT_DB = GatewayConfig.__dataclass_fields__["db_url"].default
+DEFAULT_DB = GatewaySettings.model_fields["database"].default
+PERIODS = ("hour", "day", "month", "total")  # gateway/store.py's (a test holds them equal)
 QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")  # the worker calls' HTTP clients
-# The server adapts how many requests it serves at once to its overhead (gateway/admission.py;
-# benchmarks/gateway_overhead.py --sweep); a Gateway made in code (tests, notebooks) does not unless told.
-# A request may wait 20 ms from its arrival in the kernel (in the kernel, for a slot) before it is refused.
-SERVE_DEFAULTS = {"max_overhead_ms": 5.0, "max_queue_wait_s": 0.02}
 STAMPED_HTTP = "gateway.serving:StampedHttpToolsProtocol"  # uvicorn --http
 SERVE_ENV = "ROUTEROPS_GATEWAY_SERVE"  # --workers N: the configuration each process reads (app_from_env)
 
@@ -33,94 +29,145 @@ def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
     gateway = sub.add_parser("gateway", help="serve the champion routers behind an OpenAI-compatible API")
     commands = gateway.add_subparsers(dest="gateway_command", required=True)
 
-    serve = commands.add_parser("serve", help="run the gateway (uvicorn)")
-    serve.add_argument("--router", action="append", required=True, dest="routers",
-                       help="registered name to serve: a single-turn router, an MTRouter or the orchestrator "
-                            "(repeatable; the first is model 'auto')")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--tracking-uri", default=None,
-                       help="MLflow store holding the registry (default: MLFLOW_TRACKING_URI, else params' track)")
-    serve.add_argument("--local-server", action="store_true",
-                       help="start the embedded llama.cpp server for workers with endpoint 'local'")
-    # uvicorn's "auto" takes uvloop (libuv) and httptools (the C llhttp parser), both dependencies, over
-    # asyncio's selector loop and the pure-Python h11 parser, which was most of the added latency that
-    # remained (py-spy; benchmarks/gateway_overhead.py times both stacks in one run).
-    serve.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto", help="event loop (uvicorn)")
-    serve.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto", help="HTTP parser (uvicorn)")
-    serve.add_argument("--workers", type=int, default=1,
-                       help="gateway processes on one port, sharing the store (--db-url: SQLite in WAL mode, or "
-                            "Postgres): budgets stay exact, each reservation is one conditional UPDATE (store.py)")
-    for name, spec in GatewayConfig.__dataclass_fields__.items():
-        if name == "routers":
-            continue
-        flag = "--" + name.replace("_", "-")
-        default = SERVE_DEFAULTS.get(name, spec.default)
-        if spec.type == "bool":
-            serve.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
-        else:
-            kind = {"float": float, "int": int}.get(spec.type, str)
-            serve.add_argument(flag, type=kind, default=default)
-    serve.set_defaults(func=serve_command)
+    serve = commands.add_parser(
+        "serve", help="run the gateway (uvicorn)",
+        description="Serve each router's registered `champion` behind an OpenAI-compatible API. Settings come "
+                    "from --config (configs/gateway.yaml documents every key) and the flags, which override "
+                    "it; it refuses to start, naming the router and why, when a router has no champion or "
+                    "its champion cannot serve the pool.")
+    add_settings_flags(serve)
+    serve.set_defaults(func="gateway.cli:serve_command")
+    add_keys_parser(commands)
 
-    keys = commands.add_parser("keys", help="API keys and their budgets")
+
+def add_keys_parser(commands: argparse._SubParsersAction) -> None:
+    keys = commands.add_parser("keys", help="API keys, their budgets and spend")
     key_commands = keys.add_subparsers(dest="keys_command", required=True)
-    create = key_commands.add_parser("create", help="create a key with a USD budget per period (printed once)")
-    create.add_argument("--budget-usd", type=float, required=True)
-    create.add_argument("--period", choices=PERIODS, default="day")
-    create.add_argument("--name", default="")
-    create.add_argument("--db-url", default=DEFAULT_DB)
-    create.set_defaults(func=create_key_command)
+
+    def command(name: str, help_text: str, func: str) -> argparse.ArgumentParser:
+        cmd = key_commands.add_parser(name, help=help_text)
+        cmd.add_argument("--db-url", default=DEFAULT_DB, help="the gateway's database (its --db-url / `database:`)")
+        cmd.set_defaults(func=func)
+        return cmd
+
+    create = command("create", "create a key with a USD budget per period (the key is printed once)",
+                     "gateway.cli:create_key_command")
+    create.add_argument("--budget-usd", type=float, required=True, help="USD the key may spend per period")
+    create.add_argument("--period", choices=PERIODS, default="day", help="the budget's period (UTC)")
+    create.add_argument("--name", default="", help="a label shown by `keys list`")
+
+    command("list", "every key: id, name, budget, period, revoked, this period's spend",
+            "gateway.keys:list_keys_command")
+    revoke = command("revoke", "revoke a key (a running gateway refuses it within 5 s)",
+                     "gateway.keys:revoke_key_command")
+    revoke.add_argument("key_id", help="the key's id: the part after `rk-` (shown by `keys list`)")
+    budget = command("set-budget", "change a key's USD budget (and period)", "gateway.keys:set_budget_command")
+    budget.add_argument("key_id", help="the key's id (shown by `keys list`)")
+    budget.add_argument("--budget-usd", type=float, required=True, help="the new USD budget per period")
+    budget.add_argument("--period", choices=PERIODS, default=None, help="a new period (default: unchanged)")
+    spend = command("spend", "USD spent (and held by requests in flight) per key and period, from the database",
+                    "gateway.keys:spend_command")
+    spend.add_argument("--key", dest="key_id", default=None, help="one key's id (default: every key)")
+    spend.add_argument("--period", default=None,
+                       help="one period, as its start: 2026-12-07 (day), 2026-12-07T14 (hour), 2026-12 (month) or "
+                            "total (default: every period)")
 
 
 def create_key_command(args: argparse.Namespace) -> None:
+    from gateway.store import Store
+
     key, info = Store(args.db_url).create_key(args.budget_usd, args.period, args.name)
     print(json.dumps({"api_key": key, "key_id": info.key_id, "budget_usd": info.budget_usd, "period": info.period}))
 
 
 def serve_command(args: argparse.Namespace) -> None:
-    import uvicorn
+    settings = args.settings if getattr(args, "settings", None) is not None else settings_from(args)
+    print(f"routerops gateway: serving {', '.join(settings.routers)} on http://{settings.server.host}:"
+          f"{settings.server.port}/v1 (loading)", flush=True)  # before the imports: they take seconds
+    import contextlib
 
+    from routerops.config import TrackConfig
     from routerops.workers.server import local_llm_server
 
-    if args.workers < 1:
-        raise InputError("command line", "--workers", f"expected a number of processes ≥ 1, got {args.workers}")
-    tracking_uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", TrackConfig().tracking_uri)
-    fields = {k: getattr(args, k) for k in GatewayConfig.__dataclass_fields__ if k != "routers"}
+    tracking_uri = settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", TrackConfig().tracking_uri)
     # uvicorn shuts down on SIGTERM, then raises the signal again; with SIGTERM's default action that
     # ends the process before the block below unwinds, and the llama.cpp server of --local-server (its
     # own process group) was left running. As an exception, the block unwinds and stops it.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with contextlib.ExitStack() as stack:
-        if args.local_server and not fields["local_base_url"]:
-            fields["local_base_url"] = stack.enter_context(local_llm_server())
-        cfg = GatewayConfig(routers=tuple(args.routers), **fields)
-        # httptools (a dependency) with each request's arrival in the kernel stamped (gateway/serving.py):
-        # admission measures waits from it. h11 has no such stamp: waits count from the app's first sight.
-        http = STAMPED_HTTP if args.http in ("auto", "httptools") else args.http
-        server = {"host": args.host, "port": args.port, "loop": args.loop, "http": http, "log_level": "warning",
-                  "access_log": False}
-        if args.workers == 1:
-            gw = serving_gateway(cfg, tracking_uri)
-            stack.callback(gw.champions.stop)
-            uvicorn.run(create_app(gw), **server)
-            return
-        # Several processes: uvicorn's supervisor starts each (spawn) with the app factory below, which
-        # reads the configuration from the environment. The tables are made here, once, before they race.
-        Store(cfg.db_url).engine.dispose()
-        os.environ[SERVE_ENV] = json.dumps({"config": dataclasses.asdict(cfg), "tracking_uri": tracking_uri})
-        uvicorn.run("gateway.cli:app_from_env", factory=True, workers=args.workers, **server)
+        check_champions_registered(settings, tracking_uri)  # before a llama.cpp server starts for nothing
+        if settings.server.local_server and not settings.server.local_base_url:
+            url = stack.enter_context(local_llm_server())
+            settings = settings.model_copy(update={"server": settings.server.model_copy(
+                update={"local_base_url": url})})
+        run_server(settings, tracking_uri, stack)
 
 
-def serving_gateway(cfg: GatewayConfig, tracking_uri: str) -> Gateway:
-    """A gateway with its champions loaded and watched, in this process."""
+def run_server(settings: GatewaySettings, tracking_uri: str, stack) -> None:
+    import dataclasses
+
+    import uvicorn
+
+    from gateway.app import GatewayConfig, create_app
+    from gateway.store import Store
+
+    cfg = GatewayConfig(**settings.gateway_fields())
+    s = settings.server
+    # httptools (a dependency) with each request's arrival in the kernel stamped (gateway/serving.py):
+    # admission measures waits from it. h11 has no such stamp: waits count from the app's first sight.
+    http = STAMPED_HTTP if s.http in ("auto", "httptools") else s.http
+    server = {"host": s.host, "port": s.port, "loop": s.loop, "http": http, "log_level": "warning", "access_log": False}
+    if s.workers == 1:
+        gw = serving_gateway(cfg, tracking_uri, settings)
+        stack.callback(gw.champions.stop)
+        print(f"routerops gateway: ready on http://{s.host}:{s.port}/v1 (GET /health, /ready, /metrics)", flush=True)
+        uvicorn.run(create_app(gw), **server)
+        return
+    # Several processes: uvicorn's supervisor starts each (spawn) with the app factory below, which
+    # reads the configuration from the environment. The tables are made here, once, before they race;
+    # the champions are checked here once, so a refused one stops the command, not N processes.
+    Store(cfg.db_url).engine.dispose()
+    serving_gateway(cfg, tracking_uri, settings).champions.stop()
+    os.environ[SERVE_ENV] = json.dumps({"config": dataclasses.asdict(cfg), "tracking_uri": tracking_uri,
+                                        "settings": settings.model_dump(mode="json")})
+    uvicorn.run("gateway.cli:app_from_env", factory=True, workers=s.workers, **server)
+
+
+def check_champions_registered(settings: GatewaySettings, tracking_uri: str) -> None:
+    """Refuse to start (one line, exit 2) when a router has no `champion` alias in the registry: a
+    gateway serving nothing answered every request 503."""
     import mlflow
+
+    from evaluation.registry import champion_version
+
+    mlflow.set_tracking_uri(tracking_uri)
+    missing = [name for name in settings.routers if champion_version(name) is None]
+    if missing:
+        raise RouteropsError(f"router {missing[0]!r} has no registered champion in the MLflow registry at "
+                             f"{tracking_uri}: register one with `routerops register --table TABLE --prices BOOK "
+                             f"--router FAMILY` (docs/operations/serve.md), or serve another name")
+
+
+def serving_gateway(cfg, tracking_uri: str, settings: GatewaySettings | None = None):
+    """A gateway with its champions loaded and watched, in this process; refuses (RouteropsError) when a
+    router's champion is missing or cannot serve the pool, naming the router, the worker and why."""
+    import gc
+    import logging
+
+    import mlflow
+
+    from gateway.telemetry import ObservedGateway, Telemetry
 
     mlflow.set_tracking_uri(tracking_uri)
     for name in QUIET_LOGGERS:  # one INFO line per proxied request costs the event loop, and says nothing new
         logging.getLogger(name).setLevel(logging.WARNING)
-    gw = Gateway(cfg)
+    observability = (settings or GatewaySettings()).observability
+    gw = ObservedGateway(cfg, telemetry=Telemetry(cfg.routers, observability))
     gw.champions.start(cfg.watch_interval_s)
+    problem = champion_problem(gw)
+    if problem:
+        gw.champions.stop()
+        raise RouteropsError(problem)
     # Everything loaded so far (torch, MLflow, the champion: ~10^6 objects) lives as long as the
     # process; frozen, the collector stops walking it: a full collection took 0.2-0.8 s here, a
     # pause of every request in flight (benchmarks/gateway_overhead.py). A champion swapped in later
@@ -129,13 +176,31 @@ def serving_gateway(cfg: GatewayConfig, tracking_uri: str) -> Gateway:
     return gw
 
 
+def champion_problem(gw) -> str | None:
+    """Why a served name has no champion after the first load, or None when every one has."""
+    for name in gw.cfg.routers:
+        if gw.champions.current(name) is not None:
+            continue
+        refused = gw.champions.refusals.get(name) or []
+        if refused:
+            last = refused[-1]
+            return (f"router {name!r}: its champion v{last['version']} cannot serve pool {gw.pool.name!r}: "
+                    f"{last['reason']}; register a router trained on this pool's workers or serve another pool")
+        return (f"router {name!r}: its champion could not be loaded from the registry (the log above says why)")
+    return None
+
+
 def app_from_env():
     """The app of one process of `gateway serve --workers N` (uvicorn calls it in each)."""
+    from gateway.app import GatewayConfig, create_app
+
     spec = json.loads(os.environ[SERVE_ENV])
     config = spec["config"]
     cfg = GatewayConfig(**{**config, "routers": tuple(config["routers"])})
-    return create_app(serving_gateway(cfg, spec["tracking_uri"]))
+    settings = GatewaySettings.model_validate(spec["settings"]) if "settings" in spec else None
+    return create_app(serving_gateway(cfg, spec["tracking_uri"], settings))
 
 
 def _exit_on_sigterm(signum: int, _frame) -> None:
     raise SystemExit(128 + signum)
+

@@ -2,11 +2,14 @@
 `routerops stage NAME` (any stage of any pipeline; what dvc.yaml runs), `routerops dvc-yaml` (stages/dvc_yaml.py),
 `routerops replay`, `routerops reprice`, `routerops validate`, `routerops import-qa`,
 `routerops import-routellm`, `routerops import-llmrouter`, `routerops prices|pool publish FILE`, `routerops ope` (stages/ope_command.py),
-`routerops gateway serve|keys create` (gateway/cli.py).
+`routerops register` (stages/register_command.py),
+`routerops gateway serve|keys create|list|revoke|set-budget|spend` (gateway/cli.py).
 
 This module only parses: each command is named by reference ("module:function") and imported when it
 runs, so `routerops stage reprice` (every dvc.yaml command) and `routerops reprice` start in seconds
-instead of importing torch, transformers, MLflow and Prefect for commands they do not run.
+instead of importing torch, transformers, MLflow and Prefect for commands they do not run, and `--help`,
+a mistyped flag or a missing file answer in well under a second (tests/stages/test_cli_imports.py
+counts the modules a parse imports).
 Errors in user input end with exit code 2 and one line naming the file and the field.
 """
 
@@ -21,9 +24,9 @@ from pathlib import Path
 
 from routerops.errors import InputError, RouteropsError
 from routerops.files import check_output
-from routerops.publishing import POOL, PRICES, published_event_name
 from stages import resolve, run_stage, standalone_stages
 from stages.dvc_yaml import add_dvc_yaml_parser
+from stages.register_command import add_register_parser
 from stages.run_command import PIPELINES, add_run_parser
 
 
@@ -41,7 +44,12 @@ def gateway_command(args: argparse.Namespace) -> None:
     gateway_args = parser.parse_args(["gateway", *args.rest])
     if getattr(gateway_args, "db_url", None) is not None:
         check_db_url(gateway_args.db_url)
-    gateway_args.func(gateway_args)
+    if gateway_args.gateway_command == "serve":  # the settings file with the flags over it (pydantic only)
+        gateway_args.settings = resolve("gateway.settings:settings_from")(gateway_args)
+        if gateway_args.db_url is None:
+            check_db_url(gateway_args.settings.database, f"database (in {gateway_args.config})")
+    func = gateway_args.func
+    (resolve(func) if isinstance(func, str) else func)(gateway_args)
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -85,12 +93,16 @@ def check_db_url(url: str, flag: str = "--db-url") -> None:
     check_output(db, flag)
 
 
+# routerops/publishing.py's kinds and event names (it imports pandas: not at parse time; a test holds them equal).
+PUBLISHED_KINDS = (("prices", "price book"), ("pool", "worker pool"))
+
+
 def add_publish_parsers(sub: argparse._SubParsersAction) -> None:
-    for kind, what in ((PRICES, "price book"), (POOL, "worker pool")):
+    for kind, what in PUBLISHED_KINDS:
         group = sub.add_parser(kind, help=f"publish a new {what} (starts a retrain)")
         commands = group.add_subparsers(dest=f"{kind}_command", required=True)
         cmd = commands.add_parser("publish", help=f"validate, version and publish a {what}; emits "
-                                  f"{published_event_name(kind)} to the Prefect server at PREFECT_API_URL")
+                                  f"routerops.{kind}.published to the Prefect server at PREFECT_API_URL")
         cmd.add_argument("file")
         cmd.add_argument("--params", default="params.yaml", help="relative to --root (section ops: publish_dir)")
         cmd.add_argument("--root", default=".")
@@ -175,14 +187,16 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     replay.add_argument("--bootstrap", type=int, default=1000)
     replay.add_argument("--out", default="reports/replay/leaderboard.csv")
-    replay.set_defaults(func="stages.replay_command:replay_command")
+    replay.set_defaults(func="stages.replay_command:replay_command", input_files=("table", "train_table", "prices"))
 
+    add_register_parser(sub)
     add_publish_parsers(sub)
     from stages.ope_command import add_ope_parser  # numpy only: the command's work is imported when it runs
 
     add_ope_parser(sub)
     gateway = sub.add_parser("gateway", add_help=False,
-                             help="serve the champion router behind an OpenAI-compatible API (serve | keys create)")
+                             help="serve the champion routers behind an OpenAI-compatible API (serve | keys "
+                                  "create|list|revoke|set-budget|spend)")
     gateway.add_argument("rest", nargs=argparse.REMAINDER)
     gateway.set_defaults(func=gateway_command)
     return parser
@@ -198,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
+        check_input_files(args)
         func = resolve(args.func) if isinstance(args.func, str) else args.func
         func(args)
     except RouteropsError as exc:
@@ -208,6 +223,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"routerops: error: {where}: {exc.strerror or exc}: check the path and its permissions", file=sys.stderr)
         return 2
     return 0
+
+
+def check_input_files(args: argparse.Namespace) -> None:
+    """A missing input file is refused before its command's module (and torch, MLflow ...) is
+    imported: the same one line the readers give, in a fraction of a second."""
+    for dest in getattr(args, "input_files", ()):
+        path = getattr(args, dest, None)
+        if path is not None and not Path(path).is_file():
+            raise InputError(path, "<file>", "file not found")
 
 
 def one_line(message: str) -> str:

@@ -16,7 +16,6 @@ from typing import Any
 
 import yaml
 
-from routerops import schema
 from routerops.errors import InputError
 from routerops.files import read_yaml_mapping
 from stages.declarations import PIPELINES, Pipeline  # declared with their stages there
@@ -71,6 +70,8 @@ def params_for_run(name: str, root: Path, params: str, overrides: list[str]) -> 
     changed = apply_overrides(read_yaml_mapping(source), overrides)
     target = root / ".routerops" / "run" / f"{name}.params.yaml"
     target.parent.mkdir(parents=True, exist_ok=True)
+    from routerops import schema  # pandas: only when a run has overrides, not at parse time
+
     schema.write_text_atomic(f"# {source} with: {' '.join(overrides)}\n" + yaml.safe_dump(changed, sort_keys=False),
                              target)
     return target
