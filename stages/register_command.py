@@ -26,10 +26,10 @@ def add_register_parser(sub: argparse._SubParsersAction) -> None:
                          description="Fit --router on the training rows of --table, judge it on the gate rows, "
                                      "register it as router-FAMILY (the champion alias when the gate passes) and "
                                      "print the `routerops gateway serve` command that serves it.")
-    source = cmd.add_mutually_exclusive_group(required=True)
-    source.add_argument("--table", help="logged outcomes (docs/replay_format.md): .csv, .parquet or .jsonl")
-    source.add_argument("--trajectories", metavar="ROOT",
-                        help="a pipeline root whose priced single-worker episodes form the table (data/priced)")
+    cmd.add_argument("--table", help="logged outcomes (docs/replay_format.md): .csv or .parquet")
+    cmd.add_argument("--trajectories", metavar="ROOT",
+                     help="instead of --table: a pipeline root whose priced single-worker episodes form the table "
+                          "(data/priced, data/suites/tasks.jsonl)")
     cmd.add_argument("--prices", required=True, help="price book the workers' costs are derived under")
     cmd.add_argument("--router", required=True, metavar="FAMILY",
                      help="router family to fit: a name of models.registry.ROUTER_FACTORIES, e.g. knn, logistic, mlp")

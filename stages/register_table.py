@@ -30,6 +30,9 @@ def check_args(args: argparse.Namespace) -> None:
             raise InputError(path, flag, "file not found")
     if args.trajectories is not None and not Path(args.trajectories).is_dir():
         raise InputError(args.trajectories, "--trajectories", "no such folder (a pipeline root holding data/priced)")
+    if (args.table is None) == (args.trajectories is None):
+        raise InputError("command line", "--table", "give the logged outcomes: --table FILE, or --trajectories ROOT "
+                         "(a pipeline root), not both")
     if not 0 < args.gate_fraction < 1:
         raise InputError("command line", "--gate-fraction", f"expected a share in (0, 1), got {args.gate_fraction}")
     if args.n_boot < 100:

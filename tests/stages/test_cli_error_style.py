@@ -38,8 +38,10 @@ VALUES = {"help", "command", "name", "format", "suite", "split", "limit", "split
           "budget_usd", "period", "host", "port", "local_server", "loop", "http",
           "router", "estimators", "direct_model", "gate", "gate_metric", "gate_estimator"}  # routerops ope
 VALUES |= {"local_base_url"}  # an endpoint's URL (gateway serve)
+INPUTS |= {"config", "trajectories"}  # gateway serve's settings file; routerops register's pipeline root
+VALUES |= {"otlp_endpoint", "key_id", "objective", "gate_split"}  # gateway serve, gateway keys, routerops register
 VALUES |= {"overrides"}  # routerops run --set KEY=VALUE
-REQUIRED_VALUES = {"budget_usd": "1", "routers": "some-router"}  # required options that take a value
+REQUIRED_VALUES = {"budget_usd": "1", "routers": "some-router", "key_id": "abc123", "router": "knn"}  # required options that take a value
 
 
 def leaf_commands() -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:

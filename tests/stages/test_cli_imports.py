@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a fresh interpreter per command
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "mlflow", "prefect", "pandas", "sklearn", "fastapi", "sentence_transformers",
          "openai", "sqlalchemy", "uvicorn", "pyarrow")
