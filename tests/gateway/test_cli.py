@@ -1,5 +1,6 @@
 """`routerops gateway serve` as a process: SIGTERM (what a supervisor or `docker stop` sends) shuts it
-down and stops the llama.cpp server it started with --local-server."""
+down and stops the llama.cpp server it started with --local-server. (It serves a registered champion:
+`serve` refuses to start for a name with none, tests/gateway/test_operations.py.)"""
 
 from __future__ import annotations
 
@@ -33,11 +34,28 @@ def answers(url: str) -> bool:
         return False
 
 
+@pytest.fixture(scope="module")
+def champion(mlflow_registry) -> str:
+    """A registered champion (tests/gateway/test_gateway.py's surface router: no encoder to load)."""
+    import importlib.util
+
+    import mlflow
+
+    from evaluation.registry import CHAMPION_ALIAS
+
+    spec = importlib.util.spec_from_file_location("gw_test", Path(__file__).with_name("test_gateway.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    registered = module.register_surface_router()
+    mlflow.MlflowClient().set_registered_model_alias(registered.name, CHAMPION_ALIAS, registered.version)
+    return registered.name
+
+
 @pytest.mark.slow
-def test_sigterm_stops_the_gateway_and_the_local_llm_server_it_started(tmp_path):
+def test_sigterm_stops_the_gateway_and_the_local_llm_server_it_started(champion, mlflow_registry, tmp_path):
     port = free_port()
-    cmd = [sys.executable, "-m", "stages.cli", "gateway", "serve", "--router", "router-none", "--local-server",
-           "--port", str(port), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+    cmd = [sys.executable, "-m", "stages.cli", "gateway", "serve", "--router", champion, "--local-server",
+           "--port", str(port), "--tracking-uri", mlflow_registry,
            "--db-url", f"sqlite:///{tmp_path / 'gateway.db'}"]
     log = open(tmp_path / "gateway.log", "wb")
     gateway = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log,
