@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -91,17 +92,28 @@ def print_lines(records: list[dict[str, Any]]) -> None:
         print(json.dumps(record))
 
 
+def existing_store(url: str) -> Store:
+    """The gateway's store, refusing an SQLite file that does not exist (a mistyped --db-url would
+    otherwise list no key from a new, empty database)."""
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:") \
+            and not Path(parsed.database).is_file():
+        raise InputError(parsed.database, "--db-url", "no gateway database here: give the --db-url (or `database:`) "
+                         "the gateway serves with; `keys create` or the gateway's first start creates it")
+    return Store(url)
+
+
 def list_keys_command(args: argparse.Namespace) -> None:
-    print_lines(list_keys(Store(args.db_url)))
+    print_lines(list_keys(existing_store(args.db_url)))
 
 
 def revoke_key_command(args: argparse.Namespace) -> None:
-    print_lines([revoke_key(Store(args.db_url), args.key_id)])
+    print_lines([revoke_key(existing_store(args.db_url), args.key_id)])
 
 
 def set_budget_command(args: argparse.Namespace) -> None:
-    print_lines([set_budget(Store(args.db_url), args.key_id, args.budget_usd, args.period)])
+    print_lines([set_budget(existing_store(args.db_url), args.key_id, args.budget_usd, args.period)])
 
 
 def spend_command(args: argparse.Namespace) -> None:
-    print_lines(spend(Store(args.db_url), args.key_id, args.period))
+    print_lines(spend(existing_store(args.db_url), args.key_id, args.period))

@@ -47,7 +47,8 @@ def gateway_command(args: argparse.Namespace) -> None:
     if gateway_args.gateway_command == "serve":  # the settings file with the flags over it (pydantic only)
         gateway_args.settings = resolve("gateway.settings:settings_from")(gateway_args)
         if gateway_args.db_url is None:
-            check_db_url(gateway_args.settings.database, f"database (in {gateway_args.config})")
+            where = f"database (in {gateway_args.config})" if gateway_args.config else "--db-url"
+            check_db_url(gateway_args.settings.database, where)
     func = gateway_args.func
     (resolve(func) if isinstance(func, str) else func)(gateway_args)
 

@@ -90,3 +90,11 @@ def test_a_negative_budget_is_refused(db, capsys):
     key, info = Store(db).create_key(1.0, "day")
     code, _, err = run(capsys, "set-budget", info.key_id, "--budget-usd", "-1", "--db-url", db)
     assert code == 2 and "--budget-usd" in err
+
+
+def test_a_database_that_does_not_exist_is_refused_not_created(tmp_path, capsys):
+    missing = tmp_path / "typo.db"
+    for argv in (("list",), ("spend",), ("revoke", "abc123")):
+        code, _, err = run(capsys, *argv, "--db-url", f"sqlite:///{missing}")
+        assert code == 2 and "no gateway database here" in err and str(missing) in err, err
+    assert not missing.exists()
