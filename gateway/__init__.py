@@ -10,5 +10,8 @@ routing.py   the decision: each worker's estimated quality and worst-case cost, 
 orchestrated.py  an orchestrator champion's request: one executor episode, reserved and settled
 errors.py    the OpenAI-format request error
 app.py       the FastAPI app: /v1/chat/completions (streaming too), /v1/models, /v1/decisions/{id}
-cli.py       `routerops gateway serve` and `routerops gateway keys create`
+cli.py       `routerops gateway serve` and `routerops gateway keys create` (keys.py: list, revoke, set-budget, spend)
+settings.py  the settings file of `gateway serve --config` (configs/gateway.yaml) and its flags
+ops.py       GET /health and /ready
+telemetry.py Prometheus series per router and worker, OpenTelemetry traces (what `gateway serve` runs)
 """

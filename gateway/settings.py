@@ -150,6 +150,10 @@ FLAGS: dict[str, dict[str, str]] = {
 }
 
 
+METAVARS = {"router": "NAME", "pool-file": "FILE", "price-book": "FILE", "db-url": "URL", "tracking-uri": "URI",
+            "host": "HOST", "local-base-url": "URL", "otlp-endpoint": "URL"}
+
+
 def field_of(path: str) -> Any:
     """The pydantic FieldInfo of a dotted settings key."""
     model: type[BaseModel] = GatewaySettings
@@ -169,18 +173,21 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         for flag, path in flags.items():
             info = field_of(path)
             default = info.get_default(call_default_factory=True)
-            help_text = f"{info.description} (default: {default!r}; file: {path})"
+            shown = f"default: {default!r}; " if default not in (None, []) else ""
+            help_text = f"{info.description} ({shown}file: {path})"
+            metavar = METAVARS.get(flag, "N" if info.annotation in (int, float) else None)
             dest = flag_dest(flag)
             if flag == "router":
-                group.add_argument("--router", action="append", dest=dest, default=None, help=help_text +
-                                   "; repeatable")
+                group.add_argument("--router", action="append", dest=dest, default=None, metavar=metavar,
+                                   help=help_text + "; repeatable")
             elif info.annotation is bool:
                 group.add_argument(f"--{flag}", dest=dest, action=argparse.BooleanOptionalAction, default=None,
                                    help=help_text)
             else:
                 kind = {float: float, int: int}.get(info.annotation, str)
                 choices = getattr(info.annotation, "__args__", None) if flag in ("loop", "http") else None
-                group.add_argument(f"--{flag}", dest=dest, type=kind, choices=choices, default=None, help=help_text)
+                group.add_argument(f"--{flag}", dest=dest, type=kind, choices=choices, default=None, metavar=metavar,
+                                   help=help_text)
 
 
 def flag_dest(flag: str) -> str:
