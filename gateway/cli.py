@@ -15,17 +15,18 @@ import json
 import os
 import signal
 
-from gateway.settings import GatewaySettings, add_settings_flags, settings_from
 from routerops.errors import RouteropsError
 
-DEFAULT_DB = GatewaySettings.model_fields["database"].default
+DEFAULT_DB = "sqlite:///gateway.db"  # gateway/settings.py's `database` default (a test holds them equal)
 PERIODS = ("hour", "day", "month", "total")  # gateway/store.py's (a test holds them equal)
 QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")  # the worker calls' HTTP clients
 STAMPED_HTTP = "gateway.serving:StampedHttpToolsProtocol"  # uvicorn --http
 SERVE_ENV = "ROUTEROPS_GATEWAY_SERVE"  # --workers N: the configuration each process reads (app_from_env)
 
 
-def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
+def add_gateway_parser(sub: argparse._SubParsersAction, serve_flags: bool = True) -> None:
+    """The gateway's commands; `serve_flags=False` leaves out serve's flags (built from the pydantic
+    settings model), for a command line that runs `keys`: they answer without importing pydantic."""
     gateway = sub.add_parser("gateway", help="serve the champion routers behind an OpenAI-compatible API")
     commands = gateway.add_subparsers(dest="gateway_command", required=True)
 
@@ -35,7 +36,10 @@ def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
                     "from --config (configs/gateway.yaml documents every key) and the flags, which override "
                     "it; it refuses to start, naming the router and why, when a router has no champion or "
                     "its champion cannot serve the pool.")
-    add_settings_flags(serve)
+    if serve_flags:
+        from gateway.settings import add_settings_flags
+
+        add_settings_flags(serve)
     serve.set_defaults(func="gateway.cli:serve_command")
     add_keys_parser(commands)
 
@@ -81,6 +85,8 @@ def create_key_command(args: argparse.Namespace) -> None:
 
 
 def serve_command(args: argparse.Namespace) -> None:
+    from gateway.settings import settings_from
+
     settings = args.settings if getattr(args, "settings", None) is not None else settings_from(args)
     print(f"routerops gateway: serving {', '.join(settings.routers)} on http://{settings.server.host}:"
           f"{settings.server.port}/v1 (loading)", flush=True)  # before the imports: they take seconds
@@ -103,7 +109,8 @@ def serve_command(args: argparse.Namespace) -> None:
         run_server(settings, tracking_uri, stack)
 
 
-def run_server(settings: GatewaySettings, tracking_uri: str, stack) -> None:
+def run_server(settings, tracking_uri: str, stack) -> None:
+    """uvicorn, in this process or in `server.workers` processes (settings: gateway/settings.py)."""
     import dataclasses
 
     import uvicorn
@@ -133,7 +140,7 @@ def run_server(settings: GatewaySettings, tracking_uri: str, stack) -> None:
     uvicorn.run("gateway.cli:app_from_env", factory=True, workers=s.workers, **server)
 
 
-def check_champions_registered(settings: GatewaySettings, tracking_uri: str) -> None:
+def check_champions_registered(settings, tracking_uri: str) -> None:
     """Refuse to start (one line, exit 2) when a router has no `champion` alias in the registry: a
     gateway serving nothing answered every request 503."""
     import mlflow
@@ -148,7 +155,7 @@ def check_champions_registered(settings: GatewaySettings, tracking_uri: str) -> 
                              f"--router FAMILY` (docs/operations/serve.md), or serve another name")
 
 
-def serving_gateway(cfg, tracking_uri: str, settings: GatewaySettings | None = None):
+def serving_gateway(cfg, tracking_uri: str, settings=None):
     """A gateway with its champions loaded and watched, in this process; refuses (RouteropsError) when a
     router's champion is missing or cannot serve the pool, naming the router, the worker and why."""
     import gc
@@ -156,6 +163,7 @@ def serving_gateway(cfg, tracking_uri: str, settings: GatewaySettings | None = N
 
     import mlflow
 
+    from gateway.settings import GatewaySettings
     from gateway.telemetry import ObservedGateway, Telemetry
 
     mlflow.set_tracking_uri(tracking_uri)
@@ -193,6 +201,7 @@ def champion_problem(gw) -> str | None:
 def app_from_env():
     """The app of one process of `gateway serve --workers N` (uvicorn calls it in each)."""
     from gateway.app import GatewayConfig, create_app
+    from gateway.settings import GatewaySettings
 
     spec = json.loads(os.environ[SERVE_ENV])
     config = spec["config"]

@@ -40,7 +40,8 @@ def gateway_command(args: argparse.Namespace) -> None:
     """`routerops gateway ...`, parsed by gateway/cli.py's own parser (it reads the gateway's settings,
     so building it imports the gateway: only when asked for)."""
     parser = OneLineParser(prog="routerops")
-    resolve("gateway.cli:add_gateway_parser")(parser.add_subparsers(dest="command", required=True))
+    serve_flags = args.rest[:1] != ["keys"]  # `keys` needs none of serve's flags (nor pydantic)
+    resolve("gateway.cli:add_gateway_parser")(parser.add_subparsers(dest="command", required=True), serve_flags)
     gateway_args = parser.parse_args(["gateway", *args.rest])
     if getattr(gateway_args, "db_url", None) is not None:
         check_db_url(gateway_args.db_url)
