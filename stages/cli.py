@@ -37,8 +37,8 @@ def stage_command(args: argparse.Namespace) -> None:
 
 
 def gateway_command(args: argparse.Namespace) -> None:
-    """`routerops gateway ...`, parsed by gateway/cli.py's own parser (it reads the gateway's settings,
-    so building it imports the gateway: only when asked for)."""
+    """`routerops gateway ...`, parsed by gateway/cli.py's own parser: serve's flags come from the
+    gateway's settings model (pydantic), so it is built only when asked for, and `keys` goes without."""
     parser = OneLineParser(prog="routerops")
     serve_flags = args.rest[:1] != ["keys"]  # `keys` needs none of serve's flags (nor pydantic)
     resolve("gateway.cli:add_gateway_parser")(parser.add_subparsers(dest="command", required=True), serve_flags)
