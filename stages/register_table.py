@@ -155,5 +155,6 @@ def register_command(args: argparse.Namespace) -> None:
     print(f"model: {registered.model_uri} in {uri}")
     if problem:
         print(f"warning: {problem}")
-    print("serve it:")
+    champion = decision.evidence.get("champion_version")
+    print("serve it:" if decision.promote else f"serve the champion (v{champion}, unchanged):")
     print(f"  {serve_command_for(registered.name, args, uri)}")
