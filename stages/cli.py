@@ -135,13 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
     reprice.add_argument("--src", default="data/raw", help="folder with episodes.parquet and turns.parquet")
     reprice.add_argument("--price-book", required=True)
     reprice.add_argument("--out", required=True, help="output folder")
-    reprice.set_defaults(func="stages.data_commands:reprice_command")
+    reprice.set_defaults(func="stages.data_commands:reprice_command", input_files=("price_book",), input_dirs=("src",))
 
     validate = sub.add_parser("validate", help="run the data checks on a trajectory set")
     validate.add_argument("--src", default="data/priced")
     validate.add_argument("--pool", default="configs/pool.yaml")
     validate.add_argument("--price-book", default="configs/prices/current.yaml")
-    validate.set_defaults(func="stages.data_commands:validate_command")
+    validate.set_defaults(func="stages.data_commands:validate_command", input_files=("pool", "price_book"),
+                          input_dirs=("src",))
 
     import_qa = sub.add_parser("import-qa", help="import a GSM8K / MATH JSONL file as tasks")
     import_qa.add_argument("path")
@@ -150,14 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
     import_qa.add_argument("--split", default="test")
     import_qa.add_argument("--limit", type=int, default=None)
     import_qa.add_argument("--out", required=True)
-    import_qa.set_defaults(func="stages.data_commands:import_qa_command")
+    import_qa.set_defaults(func="stages.data_commands:import_qa_command", input_files=("path",))
 
     routellm = sub.add_parser("import-routellm", help="import RouteLLM's gsm8k_responses.csv as logged outcomes")
     routellm.add_argument("--csv", required=True)
     routellm.add_argument("--contaminated", help="gsm8k_contaminated_prompts.jsonl (those prompts are dropped)")
     routellm.add_argument("--train", help="GSM8K train.jsonl: token counts include RouteLLM's 8-shot prefix")
     routellm.add_argument("--out", required=True)
-    routellm.set_defaults(func="stages.data_commands:import_routellm_command")
+    routellm.set_defaults(func="stages.data_commands:import_routellm_command",
+                          input_files=("csv", "contaminated", "train"))
 
     llmrouter = sub.add_parser("import-llmrouter", help="import LLMRouter's nine-model table (dcrouter) as "
                                "logged outcomes with a seeded train/val/test split, and its price book")
@@ -169,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     llmrouter.add_argument("--fractions", type=float, nargs=3, default=[0.6, 0.2, 0.2], help="train val test")
     llmrouter.add_argument("--completion-tokens", type=int, default=0,
                            help="assumed completion tokens per call (none were logged)")
-    llmrouter.set_defaults(func="stages.data_commands:import_llmrouter_command")
+    llmrouter.set_defaults(func="stages.data_commands:import_llmrouter_command", input_files=("json", "candidates"))
 
     replay = sub.add_parser("replay", help="router leaderboard on a logged-outcomes table (no live call)")
     replay.add_argument("--table", required=True, help="logged outcomes the routers are scored on")
@@ -228,12 +230,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_input_files(args: argparse.Namespace) -> None:
-    """A missing input file is refused before its command's module (and torch, MLflow ...) is
-    imported: the same one line the readers give, in a fraction of a second."""
+    """A missing input file or folder is refused before its command's module (and pandas, torch,
+    MLflow ...) is imported: the same one line the readers give, in a fraction of a second."""
     for dest in getattr(args, "input_files", ()):
         path = getattr(args, dest, None)
         if path is not None and not Path(path).is_file():
             raise InputError(path, "<file>", "file not found")
+    for dest in getattr(args, "input_dirs", ()):
+        path = getattr(args, dest, None)
+        if path is not None and not Path(path).is_dir():
+            raise InputError(path, "--" + dest.replace("_", "-"), "no such folder (it holds episodes.parquet and "
+                             "turns.parquet)")
 
 
 def one_line(message: str) -> str:
