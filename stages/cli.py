@@ -135,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     reprice.add_argument("--src", default="data/raw", help="folder with episodes.parquet and turns.parquet")
     reprice.add_argument("--price-book", required=True)
     reprice.add_argument("--out", required=True, help="output folder")
-    reprice.set_defaults(func="stages.data_commands:reprice_command", input_files=("price_book",), input_dirs=("src",))
+    # (--src is read after --out is checked: a bad --out is named first, as every writer does)
+    reprice.set_defaults(func="stages.data_commands:reprice_command", input_files=("price_book",))
 
     validate = sub.add_parser("validate", help="run the data checks on a trajectory set")
     validate.add_argument("--src", default="data/priced")
