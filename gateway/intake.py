@@ -132,8 +132,8 @@ class IntakeMiddleware:
         self.rates = KeyRates(limits.key_requests_per_s, limits.key_requests_per_s)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] not in self.paths:
-            return await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope["path"] not in self.paths or scope["method"] != "POST":
+            return await self.app(scope, receive, send)  # (a wrong method is the router's 405)
         headers = dict(scope["headers"][:self.limits.max_headers + 1])
         started = time.monotonic()
         try:
