@@ -32,6 +32,11 @@ from typing import Any, Awaitable, Callable
 from gateway.errors import RequestError
 from gateway.serving import ARRIVED, KEY, KEY_ID
 
+# Key lookups the database is asked for at once (a verified key is cached: gateway/store.py; an unknown
+# one is asked every time). Admission no longer bounds them, as they come before a slot: a flood of
+# made-up keys waits here instead of queueing without bound on the store's thread, ahead of reservations.
+MAX_LOOKUPS = 32
+
 
 @dataclass(frozen=True)
 class IntakeLimits:
@@ -130,6 +135,7 @@ class IntakeMiddleware:
                  paths: tuple[str, ...], on_refused=None):
         self.app, self.limits, self.authenticate, self.paths, self.on_refused = app, limits, authenticate, paths, on_refused
         self.rates = KeyRates(limits.key_requests_per_s, limits.key_requests_per_s)
+        self.lookups: asyncio.Semaphore | None = None  # made on the serving loop
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] not in self.paths or scope["method"] != "POST":
@@ -138,7 +144,9 @@ class IntakeMiddleware:
         started = time.monotonic()
         try:
             check_head(scope["headers"], self.limits)
-            key = await self.authenticate(headers.get(b"authorization", b"").decode("latin-1"))
+            self.lookups = self.lookups or asyncio.Semaphore(MAX_LOOKUPS)
+            async with self.lookups:
+                key = await self.authenticate(headers.get(b"authorization", b"").decode("latin-1"))
             wait = self.rates.take(key.key_id)
             if wait is not None:
                 raise rate_limited(key.key_id, wait, self.limits.key_requests_per_s)

@@ -253,6 +253,9 @@ def check_message(m: Any, where: str) -> None:
                            arguments=True)
             if not isinstance(call.get("id"), str):
                 raise invalid(f"{where}.tool_calls[{j}].id", "a string", call.get("id"))
+            if call.get("type") != "function":  # OpenAI's only tool call type (gateway/openapi.py: const)
+                raise RequestError(400, f"`{where}.tool_calls[{j}].type` must be 'function', got "
+                                        f"{short(call.get('type'))}", param=f"{where}.tool_calls[{j}].type")
     if m.get("function_call") is not None:
         check_function(m["function_call"], f"{where}.function_call", arguments=True)
 
