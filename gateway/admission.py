@@ -126,7 +126,7 @@ class Admission:
         self._window_lags: list[float] = []  # the loop's lag, tick by tick, since _window_start
         self._timer: asyncio.Task | None = None
         self._by_key: dict[str, int] = {}  # slots held per key (requests admitted with a key)
-        self._contended_until = -math.inf  # a key below its share waited for a slot until then (+ the window)
+        self._contending: dict[str, float] = {}  # key below its share that had to wait → until when it counts
 
     @property
     def limit(self) -> int:
@@ -176,15 +176,21 @@ class Admission:
             return await self._acquire(arrived_at)
         held, now = self._by_key.get(key, 0), self.clock()
         share = max(1, math.floor(self.limit * KEY_SHARE))
-        if held >= share and now < self._contended_until:
+        if held >= share and self._others_contend(key, now):
             self.stats.refused_key_share += 1
             raise RequestError(429, f"this key holds {held} of the gateway's {self.limit} slots while other keys "
                                     f"wait; retry after {self.retry_after_s:g} s", "requests", "key_concurrency",
                                retry_after_s=self.retry_after_s)
-        if held < share and (self._waiters or self.stats.in_flight >= self.limit):
-            self._contended_until = now + CONTENTION_WINDOW_S  # it must wait: the keys over their share yield
+        if held < share and (self._waiters or self.stats.in_flight >= self.limit) and any(k != key for k in self._by_key):
+            self._contending[key] = now + CONTENTION_WINDOW_S  # it must wait on other keys: those over their share yield
         await self._acquire(arrived_at)
         self._by_key[key] = self._by_key.get(key, 0) + 1
+
+    def _others_contend(self, key: str, now: float) -> bool:
+        """Whether a key other than `key` has had to wait for a slot within CONTENTION_WINDOW_S."""
+        if self._contending:
+            self._contending = {k: until for k, until in self._contending.items() if until > now}
+        return any(k != key for k in self._contending)
 
     async def _acquire(self, arrived_at: float | None) -> None:
         now = self.clock()
