@@ -46,7 +46,7 @@ class IntakeLimits:
     body_timeout_s: float = 10.0
     max_headers: int = 100
     max_header_bytes: int = 32 * 2**10
-    key_requests_per_s: float = 1000.0  # 0: no per-key rate limit; a key may send one second's worth at once
+    key_requests_per_s: float = 1000.0  # 0: no per-key rate limit; a key may send one second's worth at once (≥ 1)
 
 
 def intake_limits(cfg) -> IntakeLimits:
@@ -101,7 +101,7 @@ class KeyRates:
     wait before the key's next request is accepted."""
 
     def __init__(self, per_s: float, burst: float, clock=time.monotonic):
-        self.per_s, self.burst, self.clock = per_s, burst or per_s, clock
+        self.per_s, self.burst, self.clock = per_s, max(burst or per_s, 1.0), clock
         self._buckets: dict[str, tuple[float, float]] = {}  # key → (tokens, when)
 
     def take(self, key: str) -> float | None:

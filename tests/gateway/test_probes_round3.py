@@ -22,7 +22,7 @@ from tests.gateway.hostile import ENV, REPO, HostileUpstream
 
 pytestmark = pytest.mark.slow
 TEXT = [{"role": "user", "content": "What is 17 plus 25?"}]
-BODY_TIMEOUT_S = 3.0
+BODY_TIMEOUT_S = 2.0
 HEAD_FLOOD_BYTES = 64 * 2**20
 
 

@@ -80,6 +80,7 @@ IMPOSSIBLE = ['{"prompt_tokens": -10000000, "completion_tokens": -10000000}',
               '{"prompt_tokens": 12, "completion_tokens": 1e400}']
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("usage", IMPOSSIBLE)
 def test_an_impossible_usage_is_a_worker_error_charged_its_worst_case_then_the_fallback_answers(live, usage):
     # The reported failures: -10^7 tokens made the spend fall by $100; 10^20 left the hold reserved with
@@ -102,6 +103,7 @@ def test_an_impossible_usage_is_a_worker_error_charged_its_worst_case_then_the_f
     assert any("bad usage" in a.get("error", "") for a in record["explanation"]["attempts"])
 
 
+@pytest.mark.slow
 def test_when_every_worker_answers_an_impossible_usage_the_request_is_a_502_charged_their_worst_cases(live):
     spent_before, _ = live.spend()
     live.upstream.usages.extend([IMPOSSIBLE[0], IMPOSSIBLE[1]])
@@ -113,6 +115,7 @@ def test_when_every_worker_answers_an_impossible_usage_the_request_is_a_502_char
     assert len(logged) >= 1
 
 
+@pytest.mark.slow
 def test_an_impossible_usage_in_a_stream_is_charged_the_worst_case(live):
     spent_before, _ = live.spend()
     live.upstream.usages.append('{"prompt_tokens": -10000000, "completion_tokens": "many"}')
@@ -136,7 +139,8 @@ USAGE = st.one_of(
     st.sampled_from(["null", "[]", '"many"', "NaN", "1e400", "-1", "{}"]))
 
 
-@settings(max_examples=40, deadline=None, database=None, derandomize=True,
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(usages=st.lists(USAGE, min_size=1, max_size=3), streamed=st.booleans())
 def test_spend_never_decreases_and_no_hold_is_left_whatever_the_worker_reports(live, usages, streamed):
@@ -157,6 +161,7 @@ def test_spend_never_decreases_and_no_hold_is_left_whatever_the_worker_reports(l
     assert spent >= spent_before and reserved == 0
 
 
+@pytest.mark.slow
 def test_a_stream_packing_fifty_tokens_a_chunk_is_charged_for_what_it_delivered(router, tmp_path):
     # The reported failure: read to 950 of 1,000 tokens, the decision was charged one token per chunk
     # (19 tokens), 17.6x less than the worker billed.
