@@ -16,6 +16,7 @@ Limits (each refused early, with memory bounded by the limit, in the OpenAI erro
   caps a request's head at 16 KiB itself: uvicorn's `h11_max_incomplete_event_size`);
 - body bytes: 413 (a Content-Length over the cap at once, else as the bytes arrive);
 - body time: 408 past `body_timeout_s` from the end of the headers;
+- bodies being read at once, all connections together: MAX_READING_BYTES (503 past it);
 - JSON depth: 400 (gateway/parsing.py, on a body already capped in bytes).
 
 The body is handed on to the app as one message; the app's later `receive()` calls go to the server
@@ -36,6 +37,10 @@ from gateway.serving import ARRIVED, KEY, KEY_ID
 # one is asked every time). Admission no longer bounds them, as they come before a slot: a flood of
 # made-up keys waits here instead of queueing without bound on the store's thread, ahead of reservations.
 MAX_LOOKUPS = 32
+# Bytes of bodies being read at once, all connections together. Bodies are read before a slot now, so
+# the slots no longer bound them (uvicorn buffers ~64 KiB per connection until the app reads): without
+# this, 1,000 slow connections could hold 1,000 x max_body_bytes. Past it a body is refused, 503.
+MAX_READING_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,21 @@ def check_head(headers: list[tuple[bytes, bytes]], limits: IntakeLimits) -> None
                            code="headers_too_large")
 
 
-async def read_body(receive, cap: int, timeout_s: float, declared: str = "") -> bytes:
-    """The whole body, at most `cap` bytes (413) within `timeout_s` (408)."""
+class Reading:
+    """The bytes of the bodies being read now, against MAX_READING_BYTES (or `limit`)."""
+
+    def __init__(self, limit: int = MAX_READING_BYTES):
+        self.limit, self.bytes = limit, 0
+
+    def take(self, n: int) -> None:
+        if self.bytes + n > self.limit:
+            raise RequestError(503, f"the gateway is reading {self.bytes} bytes of bodies, its limit; retry after 1 s",
+                               "server_error", "overloaded", retry_after_s=1.0)
+        self.bytes += n
+
+
+async def read_body(receive, cap: int, timeout_s: float, declared: str = "", reading: Reading | None = None) -> bytes:
+    """The whole body, at most `cap` bytes (413) within `timeout_s` (408), counted in `reading` while read."""
     if declared.isdigit() and int(declared) > cap:
         raise too_large(cap)
     raw = bytearray()
@@ -83,13 +101,19 @@ async def read_body(receive, cap: int, timeout_s: float, declared: str = "") -> 
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     raise ClientGone
-                raw += message.get("body", b"")
+                chunk = message.get("body", b"")
+                if reading is not None:
+                    reading.take(len(chunk))
+                raw += chunk
                 if len(raw) > cap:
                     raise too_large(cap)
                 if not message.get("more_body", False):
                     return bytes(raw)
     except TimeoutError:
         raise too_slow(timeout_s) from None
+    finally:
+        if reading is not None:
+            reading.bytes -= len(raw)
 
 
 class ClientGone(Exception):
@@ -136,6 +160,7 @@ class IntakeMiddleware:
         self.app, self.limits, self.authenticate, self.paths, self.on_refused = app, limits, authenticate, paths, on_refused
         self.rates = KeyRates(limits.key_requests_per_s, limits.key_requests_per_s)
         self.lookups: asyncio.Semaphore | None = None  # made on the serving loop
+        self.reading = Reading()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] not in self.paths or scope["method"] != "POST":
@@ -151,7 +176,7 @@ class IntakeMiddleware:
             if wait is not None:
                 raise rate_limited(key.key_id, wait, self.limits.key_requests_per_s)
             body = await read_body(receive, self.limits.max_body_bytes, self.limits.body_timeout_s,
-                                   headers.get(b"content-length", b"").decode("latin-1"))
+                                   headers.get(b"content-length", b"").decode("latin-1"), self.reading)
         except ClientGone:
             return None
         except RequestError as exc:

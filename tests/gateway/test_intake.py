@@ -14,7 +14,7 @@ import pytest
 from gateway.admission import Admission
 from gateway.app import create_app
 from gateway.errors import RequestError
-from gateway.intake import KeyRates
+from gateway.intake import KeyRates, Reading, read_body
 from tests.gateway.hostile import HostileUpstream, ThreadServer, fitted_router, gateway_for
 
 TEXT = [{"role": "user", "content": "What is 17 plus 25?"}]
@@ -195,5 +195,28 @@ def test_a_key_holding_the_slots_yields_them_to_another_key_that_waits():
             door.release("greedy")
         door.release("other")
         assert door.stats.in_flight == 0
+
+    asyncio.run(run())
+
+
+def test_bodies_read_at_once_are_bounded_in_bytes_and_time():
+    async def run():
+        async def slow_receive():  # 10 bytes, then nothing more
+            if not chunks:
+                await asyncio.sleep(3600)
+            return {"type": "http.request", "body": chunks.pop(), "more_body": True}
+
+        reading = Reading(limit=25)
+        chunks = [b"x" * 10]
+        first = asyncio.create_task(read_body(slow_receive, 100, 0.3, reading=reading))
+        await asyncio.sleep(0.05)
+        assert reading.bytes == 10
+        chunks.append(b"y" * 20)  # a second body would take the bytes being read past the limit
+        with pytest.raises(RequestError) as over:
+            await read_body(slow_receive, 100, 1.0, reading=reading)
+        assert over.value.status == 503 and over.value.retry_after_s
+        with pytest.raises(RequestError) as late:
+            await first
+        assert late.value.status == 408 and reading.bytes == 0  # cut at its deadline, its bytes given back
 
     asyncio.run(run())
