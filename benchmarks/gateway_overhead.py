@@ -493,7 +493,9 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="default: benchmarks/results/gateway_overhead.json "
                                                      "(gateway_sweep.json with --sweep)")
     parser.add_argument("--sweep", default="", help="comma-separated rates: the rate sweep (module docstring)")
-    parser.add_argument("--gateway-arg", action="append", default=[], help="a flag for `gateway serve` (sweep)")
+    parser.add_argument("--gateway-arg", action="append", default=[],
+                        help="a flag for `gateway serve` (both modes; e.g. --gateway-arg=--max-queue-wait-s=60 so a "
+                             "loaded machine's overhead run is not refused)")
     parser.add_argument("--workers", type=int, default=1, help="gateway processes (sweep)")
     parser.add_argument("--seconds", type=float, default=0.0,
                         help="sweep: each rate sends at least rate x this many requests (500 at 600 req/s "
@@ -524,7 +526,7 @@ def main() -> None:
             for stack, (loop, http) in STACKS.items():
                 db_url = f"sqlite:///{tmp / f'gateway-{loop}-{http}.db'}"
                 key, _ = Store(db_url).create_key(1e6, "day")
-                proc, url = start_gateway(tmp, uri, name, pool_file(tmp, endpoint), db_url, loop, http)
+                proc, url = start_gateway(tmp, uri, name, pool_file(tmp, endpoint), db_url, loop, http, args.gateway_arg)
                 procs.append(proc)
                 gateways[stack] = (url, {"Authorization": f"Bearer {key}"}, "auto")
             targets = {"direct": (endpoint, {}, "smollm2-135m-instruct"), **gateways}
@@ -550,7 +552,7 @@ def main() -> None:
         stacks[stack] = {"gateway": gateway, "added": added(gateway, direct), "added_p99_ms_per_round": per_round}
     default = stacks["uvloop+httptools"]["added"]
     result = {"benchmark": "gateway_overhead", "rate_per_s": args.rate, "requests_per_arm": args.requests,
-              "rounds": args.rounds, "endpoint_delay_s": args.delay_s,
+              "rounds": args.rounds, "endpoint_delay_s": args.delay_s, "gateway_args": args.gateway_arg,
               "router": "kNN on MiniLM embeddings (cached after a warm-up pass)",
               "direct": direct, "stacks": stacks, "added": default,
               "p99_added_ratio_h11_over_default": stacks["asyncio+h11"]["added"]["p99_ms"] / default["p99_ms"],

@@ -9,6 +9,8 @@ families.py  how each family reads a chat: the query (single-turn), the history 
 routing.py   the decision: each worker's estimated quality and worst-case cost, the budget rule
 orchestrated.py  an orchestrator champion's request: one executor episode, reserved and settled
 errors.py    the OpenAI-format request error
+intake.py    a request's head, key, rate and body, checked before it may take a slot (408/413/429/431)
+upstream.py  a worker's answer checked: its usage (an impossible one is a worker error), a stream's delivered bound
 app.py       the FastAPI app: /v1/chat/completions (streaming too), /v1/models, /v1/decisions/{id}
 cli.py       `routerops gateway serve` and `routerops gateway keys create` (keys.py: list, revoke, set-budget, spend)
 settings.py  the settings file of `gateway serve --config` (configs/gateway.yaml) and its flags

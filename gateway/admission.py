@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass
 
 from gateway.errors import RequestError, error_headers
-from gateway.serving import ARRIVED, DOOR_CHECKED
+from gateway.serving import ARRIVED, DOOR_CHECKED, KEY_ID
 
 LAG_INTERVAL_S = 0.005  # the loop-lag timer's period
 LAG_WINDOW = 4  # ticks: the lag must stay high this long (≈ 20 ms) before the door closes
@@ -70,6 +70,12 @@ STANDING_WAIT_S = 0.005
 # before it has expired and the few requests read first make no standing queue: they were admitted
 # with 155 ms behind them, the p99 of all admitted requests. Its answer would be that late anyway.
 LATE_ALWAYS_FACTOR = 2.0
+# One key's share of the slots (issue 42): while another key is kept waiting for a slot (in the last
+# CONTENTION_WINDOW_S: a refused client retries after Retry-After, 1 s), a key holding KEY_SHARE of the
+# limit or more is refused (429, `key_concurrency`), even with a slot free, so the slots its requests
+# give back go to the others. A key alone may take every slot.
+KEY_SHARE = 0.5
+CONTENTION_WINDOW_S = 2.0
 
 
 @dataclass
@@ -80,6 +86,7 @@ class AdmissionStats:
     shed_queue_wait: int = 0
     shed_late: int = 0  # waited max_queue_wait_s before the door saw it (in the kernel, on the loop)
     shed_loop_lag: int = 0
+    refused_key_share: int = 0  # 429: a key over its share of the slots while others waited (KEY_SHARE)
     in_flight: int = 0
     waiting: int = 0
     limit: int = 0  # requests served at once, now (adaptive with max_overhead_ms > 0)
@@ -118,6 +125,8 @@ class Admission:
         self._lags: collections.deque[float] = collections.deque(maxlen=LAG_WINDOW)
         self._window_lags: list[float] = []  # the loop's lag, tick by tick, since _window_start
         self._timer: asyncio.Task | None = None
+        self._by_key: dict[str, int] = {}  # slots held per key (requests admitted with a key)
+        self._contending: dict[str, float] = {}  # key below its share that had to wait → until when it counts
 
     @property
     def limit(self) -> int:
@@ -157,11 +166,33 @@ class Admission:
         wait = self.max_queue_wait_s - waited
         return min(wait, STANDING_WAIT_S) if self.standing(now) else wait
 
-    async def acquire(self, arrived_at: float | None = None, checked: bool = False) -> None:
-        """Admit a request that reached the kernel at `arrived_at` (default: now), or raise the 503.
-        `checked`: the door's checks were made already (`door`, at the HTTP protocol)."""
+    async def acquire(self, arrived_at: float | None = None, checked: bool = False, key: str | None = None) -> None:
+        """Admit a request that reached the kernel at `arrived_at` (default: now), or raise the 503 (the
+        429 of a key over its share: KEY_SHARE). `checked`: the door's checks were made already (`door`,
+        at the HTTP protocol). A slot taken with a `key` is given back with `release(key)`."""
         if not checked and (refusal := self.door(arrived_at)) is not None:
             raise refusal
+        if key is None:
+            return await self._acquire(arrived_at)
+        held, now = self._by_key.get(key, 0), self.clock()
+        share = max(1, math.floor(self.limit * KEY_SHARE))
+        if held >= share and self._others_contend(key, now):
+            self.stats.refused_key_share += 1
+            raise RequestError(429, f"this key holds {held} of the gateway's {self.limit} slots while other keys "
+                                    f"wait; retry after {self.retry_after_s:g} s", "requests", "key_concurrency",
+                               retry_after_s=self.retry_after_s)
+        if held < share and (self._waiters or self.stats.in_flight >= self.limit) and any(k != key for k in self._by_key):
+            self._contending[key] = now + CONTENTION_WINDOW_S  # it must wait on other keys: those over their share yield
+        await self._acquire(arrived_at)
+        self._by_key[key] = self._by_key.get(key, 0) + 1
+
+    def _others_contend(self, key: str, now: float) -> bool:
+        """Whether a key other than `key` has had to wait for a slot within CONTENTION_WINDOW_S."""
+        if self._contending:
+            self._contending = {k: until for k, until in self._contending.items() if until > now}
+        return any(k != key for k in self._contending)
+
+    async def _acquire(self, arrived_at: float | None) -> None:
         now = self.clock()
         arrived = now if arrived_at is None else min(arrived_at, now)
         waited = now - arrived
@@ -256,9 +287,13 @@ class Admission:
             self.stats.in_flight += 1
             self._hand_slot()
 
-    def release(self) -> None:
+    def release(self, key: str | None = None) -> None:
         """A request is done: its slot goes to the first waiter (unless the limit has shrunk below the
         requests in flight), or back to the pool."""
+        if key is not None:
+            held = self._by_key.pop(key, 0) - 1
+            if held > 0:
+                self._by_key[key] = held
         if self.stats.in_flight <= self.limit and self._hand_slot():
             return  # in_flight unchanged: the slot moves on
         self.stats.in_flight -= 1
@@ -311,7 +346,7 @@ class Admission:
 
 ADMITTED, WORKER_CALLED = "admitted_at", "worker_called_at"  # scope["state"] keys (the app sets the second)
 ADMITTED_PATHS = ("/v1/chat/completions",)  # the requests admission control applies to
-STATUS_TEXT = {503: b"Service Unavailable"}
+STATUS_TEXT = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
 class EarlyDoor:
@@ -359,8 +394,9 @@ class AdmissionMiddleware:
             return await self.app(scope, receive, send)
         state = scope.setdefault("state", {})
         arrived = state.get(ARRIVED)  # from the kernel (gateway/serving.py); absent on other servers
+        key = state.get(KEY_ID)  # authenticated before admission (gateway/intake.py)
         try:
-            await self.admission.acquire(arrived, checked=state.get(DOOR_CHECKED, False))
+            await self.admission.acquire(arrived, checked=state.get(DOOR_CHECKED, False), key=key)
         except RequestError as exc:
             from gateway.app import error_response  # the one renderer of errors
 
@@ -381,4 +417,4 @@ class AdmissionMiddleware:
         try:
             await self.app(scope, receive, timed_send)
         finally:
-            self.admission.release()
+            self.admission.release(key)

@@ -43,13 +43,16 @@ from gateway import openapi
 from gateway.admission import ADMITTED, ADMITTED_PATHS, WORKER_CALLED, Admission, AdmissionMiddleware, EarlyDoor
 from gateway.champion import Champion, Champions
 from gateway.errors import RequestError, error_headers
+from gateway.intake import ClientGone, IntakeMiddleware, intake_limits, read_body
 from gateway.critiqued import answer_critiqued
 from gateway.families import CRITIQUE, ORCHESTRATOR, ChatMappingError
 from gateway.ops import add_operations
 from gateway.orchestrated import OrchestraRunner, answer_orchestrated
 from gateway.parsing import SAMPLING_FIELDS, TOOL_FIELDS, ChatRequest, check_chat_request, read_feedback, read_json_object
 from gateway.routing import Decision, decide, prompt_token_bound
+from gateway.serving import KEY, server_limits
 from gateway.store import BudgetRefused, KeyInfo, Reservation, Store
+from gateway.upstream import BadUsage, Delivered, read_answer, usage_in, usage_of_chunk
 from routerops.errors import InputError, RouteropsError
 from routerops.pricing import Pool, PriceBook, check_pool_priced, load_pool, load_price_book
 from routerops.workers import build_workers
@@ -84,6 +87,17 @@ class GatewayConfig:
     log_embeddings: bool = True
     hold_lease_s: float = 3600.0  # a budget hold not settled by then is a dead process's: released (store.py)
     max_body_bytes: int = 8 * 2**20  # a larger request body is refused (413) before it is parsed
+    # A request's intake, before it may take a slot (gateway/intake.py, gateway/serving.py): its body must
+    # arrive within body_timeout_s of its headers (408), its head within header_timeout_s of its first byte
+    # (408, `gateway serve`'s protocol) with at most max_headers fields and max_header_bytes (431); one key
+    # may send key_requests_per_s (0: no limit; a burst of one second's worth) before a 429 with Retry-After;
+    # the process keeps at most max_connections open (beyond: 503 and closed at once).
+    body_timeout_s: float = 10.0
+    header_timeout_s: float = 10.0
+    max_headers: int = 100
+    max_header_bytes: int = 32 * 2**10
+    key_requests_per_s: float = 1000.0
+    max_connections: int = 1000
     # Admission control (gateway/admission.py), per process: requests served at once (at most), requests
     # waiting for a slot, the longest a request may wait from its arrival in the kernel, and the
     # event-loop lag above which new requests are refused (503).
@@ -101,6 +115,11 @@ class GatewayConfig:
         for name, value, low in (("watch_interval_s", self.watch_interval_s, 0.01), ("cost_weight", self.cost_weight, 0),
                                  ("default_max_tokens", self.default_max_tokens, 1),
                                  ("max_tokens_cap", self.max_tokens_cap, 1), ("max_body_bytes", self.max_body_bytes, 1),
+                                 ("body_timeout_s", self.body_timeout_s, 0.001),
+                                 ("header_timeout_s", self.header_timeout_s, 0.001), ("max_headers", self.max_headers, 1),
+                                 ("max_header_bytes", self.max_header_bytes, 64),
+                                 ("key_requests_per_s", self.key_requests_per_s, 0),
+                                 ("max_connections", self.max_connections, 1),
                                  ("max_in_flight", self.max_in_flight, 1), ("max_queue", self.max_queue, 0),
                                  ("max_queue_wait_s", self.max_queue_wait_s, 0),
                                  ("max_loop_lag_ms", self.max_loop_lag_ms, 0),
@@ -125,6 +144,9 @@ class Call:
     held: Reservation
     request: ChatRequest
     started: float = field(default_factory=time.monotonic)
+    called: str = ""  # the last worker sent the request (it may bill)
+    closed: bool = False  # settled (or released) and logged: close_call runs once
+    bad_answers_usd: float = 0.0  # the worst cases charged for answers with impossible usage (gateway/upstream.py)
 
     @property
     def body(self) -> dict[str, Any]:
@@ -172,7 +194,10 @@ class Gateway:
     # ---------------------------------------------------------------- checking a request
 
     async def authenticate(self, request: Request) -> KeyInfo:
-        header = request.headers.get("authorization", "")
+        known = request.scope.get("state", {}).get(KEY)  # authenticated at the intake (gateway/intake.py)
+        return known if known is not None else await self.key_for(request.headers.get("authorization", ""))
+
+    async def key_for(self, header: str) -> KeyInfo:
         token = header[7:].strip() if header.lower().startswith("bearer ") else ""
         key = await self.store.alookup(token) if token else None
         if key is None:
@@ -193,7 +218,13 @@ class Gateway:
         return champion
 
     def max_tokens(self, req: ChatRequest, champion: Champion) -> int:
-        """The request's limit (or the largest of its workers' own, or the default), within the cap."""
+        """The request's limit (or the largest of its workers' own, or the default), within the cap. Each
+        limit sent is within it, the one that wins or not (the schema, gateway/openapi.py, says so)."""
+        for name in ("max_tokens", "max_completion_tokens"):
+            sent = req.body.get(name)
+            if sent is not None and sent > self.cfg.max_tokens_cap:  # an integer: check_chat_request
+                raise RequestError(400, f"`{name}` {sent} is above this gateway's cap of {self.cfg.max_tokens_cap}",
+                                   param=name)
         asked = req.max_tokens
         if asked is None:
             limits = [self.pool.worker(w).generation.get("max_tokens") for w in champion.router.workers]
@@ -301,12 +332,11 @@ class Gateway:
         if response.status_code >= 400:
             raise WorkerStatusError(worker, response.status_code, response.text)
         try:
-            answer = response.json()
+            return read_answer(response.content)
+        except BadUsage:
+            raise
         except ValueError as exc:
-            raise WorkerAnswerError(f"worker {worker!r} answered no JSON: {exc}") from exc
-        if not isinstance(answer, dict):
-            raise WorkerAnswerError(f"worker {worker!r} answered {type(answer).__name__}, not a JSON object")
-        return answer
+            raise WorkerAnswerError(f"worker {worker!r} answered {exc}") from exc
 
     def worker_request(self, call: Call, worker: str) -> dict[str, Any]:
         """What `worker` is sent: nothing its reservation does not bound (gateway/routing.py)."""
@@ -321,8 +351,9 @@ class Gateway:
         if worker == call.decision.chosen:
             return True
         try:
-            call.held = await self.store.aresize(call.held, call.decision.candidate(worker).worst_cost_usd,
-                                          call.key.budget_usd)
+            # the worst cases charged for impossible answers stay held beside the new worker's
+            call.held = await self.store.aresize(call.held, call.decision.candidate(worker).worst_cost_usd
+                                                 + call.bad_answers_usd, call.key.budget_usd)
         except BudgetRefused:
             call.decision.attempts.append({"worker": worker, "error": "skipped: its worst case is over the budget"})
             return False
@@ -334,9 +365,14 @@ class Gateway:
         The cost is what the worker's reported usage costs, even above the reservation (the worker has
         billed it): the overrun is charged, logged, counted and recorded (gateway/store.py), and the
         key's next reservation sees it. The settlement is queued, not awaited (gateway/store.py: the
-        store's thread writes it in order, and the app's shutdown waits for it)."""
+        store's thread writes it in order, and the app's shutdown waits for it). Runs once per call; the
+        worst cases of answers with impossible usage (gateway/upstream.py) are charged with it."""
+        if call.closed:
+            return 0.0
+        call.closed = True
         cost = (self.book.cost(worker, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
                                usage.get("cached_tokens", 0)) if worker else 0.0)
+        cost = max(cost, 0.0) + call.bad_answers_usd  # never below zero: a charge only ever adds to spend
         d = call.decision
         reserved = call.held.nusd / 1e9
         if cost > reserved + 1e-12:
@@ -357,6 +393,14 @@ class Gateway:
             "response": response if self.cfg.log_texts else "", "latency_s": time.monotonic() - call.started,
             "embedding": self.logged_embedding(call)})
         return cost
+
+    def close_unsettled(self, call: Call) -> None:
+        """Settle a call an unforeseen error ended (no-op once closed): its worst case if a worker was
+        called (it may have billed), else nothing."""
+        if not call.closed:
+            worker = call.called
+            usage = bounded_usage(self, call, worker, call.decision.max_tokens) if worker else {}
+            self.close_call(call, worker, "error", usage, "", "worst_case" if worker else "worker")
 
     def logged_embedding(self, call: Call) -> str:
         """The query's embedding as JSON when texts are not kept and the champion reads one (its LRU holds
@@ -457,25 +501,6 @@ def headers_for(call: Call, worker: str, cost: float | None) -> dict[str, str]:
     return headers
 
 
-def usage_in(answer: dict[str, Any]) -> dict[str, int] | None:
-    """usage_of() for a worker's JSON answer."""
-    usage = answer.get("usage")
-    if not isinstance(usage, dict) or usage.get("prompt_tokens") is None:
-        return None
-    details = usage.get("prompt_tokens_details")
-    return {"prompt_tokens": int(usage["prompt_tokens"]), "completion_tokens": int(usage.get("completion_tokens") or 0),
-            "cached_tokens": int((details or {}).get("cached_tokens") or 0) if isinstance(details, dict) else 0}
-
-
-def usage_of(obj: Any) -> dict[str, int] | None:
-    usage = getattr(obj, "usage", None)
-    if usage is None or getattr(usage, "prompt_tokens", None) is None:
-        return None
-    details = getattr(usage, "prompt_tokens_details", None)
-    return {"prompt_tokens": int(usage.prompt_tokens), "completion_tokens": int(usage.completion_tokens or 0),
-            "cached_tokens": int(getattr(details, "cached_tokens", None) or 0)}
-
-
 def worker_failure(exc: BaseException) -> str | None:
     """Why a worker call failed in a way the next worker may cure (timeout, connection, 429, 5xx, an
     answer that is not JSON), or None (the request itself is wrong)."""
@@ -493,17 +518,26 @@ def worker_failure(exc: BaseException) -> str | None:
 # ---------------------------------------------------------------- calling the workers
 
 
-async def first_answer(gw: Gateway, call: Call, stream: bool) -> tuple[str, Any]:
-    """(worker, completion or stream) from the first worker in the decision's order that answers."""
+async def first_answer(gw: Gateway, call: Call, stream: bool) -> tuple[str, Any, dict[str, int] | None]:
+    """(worker, completion or stream, its checked usage) from the first worker in the decision's order
+    that answers. A plain answer whose usage no real call has (gateway/upstream.py) is a worker error:
+    its worst case is charged (it may have billed that) and the next worker is tried."""
     for worker in call.decision.order:
         if not await gw.switch_to(call, worker):
             continue
         request = gw.worker_request(call, worker)
         try:
+            call.called = worker
             if stream:
                 request.update(stream=True, stream_options={"include_usage": True})
-                return worker, await gw.client(worker).chat.completions.create(**request)
-            return worker, await gw.post_chat(worker, request)
+                return worker, await gw.client(worker).chat.completions.create(**request), None
+            answer = await gw.post_chat(worker, request)
+            return worker, answer, usage_in(answer)
+        except BadUsage as exc:
+            worst = call.decision.candidate(worker).worst_cost_usd
+            call.bad_answers_usd += worst
+            call.decision.attempts.append({"worker": worker, "error": f"bad usage: {exc}", "charged_usd": worst})
+            log.warning("worker %s answered an impossible usage (%s): charged its worst case, falling back", worker, exc)
         except (openai.APIError, httpx.HTTPError, WorkerStatusError, WorkerAnswerError) as exc:
             reason = worker_failure(exc)
             if reason is None:  # the request itself is wrong: the next worker would refuse it too
@@ -518,8 +552,7 @@ async def first_answer(gw: Gateway, call: Call, stream: bool) -> tuple[str, Any]
 
 
 async def complete(gw: Gateway, call: Call) -> JSONResponse:
-    worker, body = await first_answer(gw, call, stream=False)
-    usage = usage_in(body)
+    worker, body, usage = await first_answer(gw, call, stream=False)
     source = "worker"
     if usage is None:  # no token counts: charge the worst case rather than nothing
         usage, source = bounded_usage(gw, call, worker, call.decision.max_tokens), "estimated"
@@ -544,37 +577,67 @@ def bounded_usage(gw: Gateway, call: Call, worker: str, completion_tokens: int) 
     return {"prompt_tokens": int(bound), "completion_tokens": completion_tokens}
 
 
+class SettledStream(StreamingResponse):
+    """A streamed answer whose call is settled however the response ends: a client gone before the
+    first chunk leaves the stream's generator never started (its `finally` never runs), so the
+    worker's stream is closed and the call settled here, after the response, in every case."""
+
+    def __init__(self, content: Any, on_end, **kwargs):
+        super().__init__(content, **kwargs)
+        self.on_end = on_end
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.on_end()
+
+
 async def stream(gw: Gateway, call: Call) -> StreamingResponse:
-    worker, chunks = await first_answer(gw, call, stream=True)
-    return StreamingResponse(sse(gw, call, worker, chunks), media_type="text/event-stream",
-                             headers=headers_for(call, worker, None))
+    worker, chunks, _ = await first_answer(gw, call, stream=True)
+    delivered = Delivered()
+
+    async def on_end() -> None:
+        with contextlib.suppress(Exception):
+            await chunks.close()  # the worker stops generating for a client that is gone
+        if not call.closed:
+            usage = bounded_usage(gw, call, worker, delivered.completion_bound(call.decision.max_tokens))
+            gw.close_call(call, worker, "client_gone", usage, "".join(delivered.pieces), "estimated")
+
+    return SettledStream(sse(gw, call, worker, chunks, delivered), on_end, media_type="text/event-stream",
+                         headers=headers_for(call, worker, None))
 
 
-async def sse(gw: Gateway, call: Call, worker: str, chunks: Any):
+async def sse(gw: Gateway, call: Call, worker: str, chunks: Any, delivered: Delivered):
     """The worker's chunks as server-sent events, then one chunk with `usage` and `routerops`.
-    Workers that send no usage in streams (llama.cpp's server): completion tokens are counted as
-    content chunks (one token each there) and prompt tokens bounded, marked usage_source=estimated."""
-    usage, pieces, status, last = None, [], "client_gone", None
+    Without a usage block from the worker (llama.cpp's server sends none in streams; a client that
+    disconnects leaves before it) the completion is bounded from what was received (gateway/upstream.py:
+    its bytes, at least a token per chunk, at most max_tokens) and the prompt by its bound, marked
+    usage_source=estimated. A usage no real call has is charged the worst case (usage_source=worst_case)."""
+    usage, status, last, source = None, "client_gone", None, "worker"
     try:
         async for chunk in chunks:
-            usage = usage_of(chunk) or usage
             last = chunk
+            try:
+                usage = usage_of_chunk(chunk) or usage
+            except BadUsage as exc:
+                source = "worst_case"
+                call.decision.attempts.append({"worker": worker, "error": f"bad usage: {exc}"})
             if chunk.choices:
-                piece = chunk.choices[0].delta.content if chunk.choices[0].delta else None
-                if piece:
-                    pieces.append(piece)
-                data = chunk.model_dump(exclude_unset=True)
+                delivered.add(chunk.choices[0].delta)
+                data = chunk.model_dump(exclude_unset=True, warnings=False)
                 data["model"] = call.body["model"]
                 yield f"data: {json.dumps(data)}\n\n"
-        status = "ok"
+        status = "ok" if source == "worker" else "worker_error"
     except openai.APIError as exc:
         status = "worker_error"
         call.decision.attempts.append({"worker": worker, "error": f"stream broke: {str(exc)[:200]}"})
     finally:
-        source = "worker" if usage else "estimated"
-        if usage is None:
-            usage = bounded_usage(gw, call, worker, len(pieces))
-        cost = gw.close_call(call, worker, status, usage, "".join(pieces), source)
+        if source == "worst_case":  # the worker's report is no real count: its worst case
+            usage = bounded_usage(gw, call, worker, call.decision.max_tokens)
+        elif usage is None:
+            usage, source = bounded_usage(gw, call, worker, delivered.completion_bound(call.decision.max_tokens)), "estimated"
+        cost = gw.close_call(call, worker, status, usage, "".join(delivered.pieces), source)
     final = {"id": getattr(last, "id", call.decision.decision_id), "object": "chat.completion.chunk",
              "created": getattr(last, "created", int(time.time())), "model": call.body["model"], "choices": [],
              "usage": {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
@@ -602,6 +665,10 @@ def create_app(gw: Gateway) -> FastAPI:
         gw.count(f"status_{exc.status}")
 
     app.add_middleware(AdmissionMiddleware, admission=gw.admission, paths=ADMITTED_PATHS, on_refused=on_refused)
+    # outside admission: the head, the key and the body come first, a slot after (gateway/intake.py)
+    app.add_middleware(IntakeMiddleware, limits=intake_limits(gw.cfg), authenticate=gw.key_for, paths=ADMITTED_PATHS,
+                       on_refused=on_refused)
+    app.routerops_limits = server_limits(gw.cfg)  # what `gateway serve`'s protocol bounds (gateway/serving.py)
     # `gateway serve`'s protocol makes the door's first checks as a request's headers are parsed, and
     # writes a refusal itself (gateway/serving.py): it finds them here.
     app.routerops_door = EarlyDoor(gw.admission, ADMITTED_PATHS, on_refused)
@@ -632,18 +699,12 @@ def create_app(gw: Gateway) -> FastAPI:
         return read_json_object(await body_bytes(request))
 
     async def body_bytes(request: Request) -> bytes:
-        """The body, read up to max_body_bytes (413 past it: the limit holds whatever Content-Length says)."""
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > gw.cfg.max_body_bytes:
-            raise RequestError(413, f"the body is over this gateway's limit of {gw.cfg.max_body_bytes} bytes",
-                               code="body_too_large")
-        raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > gw.cfg.max_body_bytes:
-                raise RequestError(413, f"the body is over this gateway's limit of {gw.cfg.max_body_bytes} bytes",
-                                   code="body_too_large")
-        return bytes(raw)
+        """The body, up to max_body_bytes (413 past it, whatever Content-Length says) within body_timeout_s (408)."""
+        try:
+            return await read_body(request.receive, gw.cfg.max_body_bytes, gw.cfg.body_timeout_s,
+                                   request.headers.get("content-length", ""))
+        except ClientGone:
+            raise RequestError(400, "the client closed the connection before its body arrived") from None
 
     @app.post("/v1/chat/completions", **openapi.CHAT)
     async def chat_completions(request: Request):
@@ -662,7 +723,11 @@ def create_app(gw: Gateway) -> FastAPI:
             if ADMITTED in state:  # the gateway's part before the worker call (gateway/admission.py)
                 state[WORKER_CALLED] = gw.admission.clock()
                 gw.admission.observe(state[WORKER_CALLED] - state[ADMITTED])
-            response = await (stream(gw, call) if req.stream else complete(gw, call))
+            try:
+                response = await (stream(gw, call) if req.stream else complete(gw, call))
+            except BaseException:
+                gw.close_unsettled(call)  # whatever went wrong, the hold is not left reserved
+                raise
         gw.count(f"status_{response.status_code}")
         return response
 

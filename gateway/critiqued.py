@@ -29,6 +29,7 @@ from gateway.errors import RequestError
 from gateway.champion import Champion
 from gateway.orchestrated import GatewayServices, chat_task, failed_record
 from gateway.store import BudgetRefused, KeyInfo
+from gateway.upstream import usage_in
 from routerops.rollout import prompt_token_bound
 from routerops.workers.llm import chat_request
 
@@ -69,8 +70,9 @@ async def answer_critiqued(gw: GatewayServices, key: KeyInfo, body: dict[str, An
             worker = served.workers[author]
             request = chat_request(gw.pool.worker(worker), messages, max_tokens)
             answer = await gw.post_chat(worker, request)
-            usage = answer.get("usage") or {}
-            prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+            # checked (gateway/upstream.py): an impossible usage fails the episode, charged its worst case below
+            usage = usage_in(answer) or {}
+            prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
             text = answer["choices"][0]["message"].get("content") or ""
             calls.append({"worker": worker, "prompt_tokens": prompt, "completion_tokens": completion,
                           "cost_usd": gw.book.cost(worker, prompt, completion)})
@@ -88,7 +90,7 @@ async def answer_critiqued(gw: GatewayServices, key: KeyInfo, body: dict[str, An
         gw.store.settle_later(held, budget, {**base, "chosen": served.workers[0],
                                              **failed_record(exc, budget, remaining, started)})
         raise
-    cost = min(sum(c["cost_usd"] for c in calls), budget)
+    cost = min(max(sum(c["cost_usd"] for c in calls), 0.0), budget)
     final = calls[-1]["worker"]
     explanation = {"router": champion.name, "router_version": champion.version, "family": champion.family,
                    "budget_usd": budget, "key_remaining_usd": remaining, "verdicts": verdicts, "calls": calls,

@@ -23,8 +23,8 @@ class RequestError(Exception):
 def error_headers(exc: RequestError) -> dict[str, str]:
     """The headers of an error answer: Retry-After on overload (gateway/admission.py: the openai SDK waits
     that long, then retries); x-should-retry: false stops it from retrying a 401 or 429 that waiting
-    will not cure."""
-    headers = {"x-should-retry": "false"} if exc.status in (401, 429) else {}
+    will not cure (a key over its request rate, 429 with Retry-After, is worth retrying)."""
+    headers = {"x-should-retry": "false"} if exc.status in (401, 429) and exc.retry_after_s is None else {}
     if exc.retry_after_s is not None:
         headers.update({"retry-after": str(max(1, math.ceil(exc.retry_after_s))),
                         "retry-after-ms": str(int(exc.retry_after_s * 1000))})

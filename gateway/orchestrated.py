@@ -140,7 +140,7 @@ async def answer_orchestrated(gw: GatewayServices, key: KeyInfo, body: dict[str,
         gw.store.settle_later(held, budget, {**base, **failed_record(exc, budget, remaining, started)})
         raise
     episode = result.episode
-    cost = min(float(episode["cost_usd"]), budget)
+    cost = min(max(float(episode["cost_usd"]), 0.0), budget)  # never below zero (gateway/upstream.py)
     explanation = episode_explanation(champion, result, budget, remaining, cost)
     gw.store.settle_later(held, cost, {
         **base, "created_at": _utc_now(), "worker": runner.controller.name, "explanation": explanation,

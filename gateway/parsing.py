@@ -169,10 +169,10 @@ def check_chat_request(body: dict[str, Any]) -> ChatRequest:
     tools = body.get("tools")
     if tools is not None:
         check_tools(tools)
-    for name in ("tool_choice", "response_format"):
-        value = body.get(name)
-        if value is not None and not isinstance(value, (str, dict)):
-            raise invalid(name, "a string or an object", value)
+    if body.get("tool_choice") is not None and not isinstance(body["tool_choice"], (str, dict)):
+        raise invalid("tool_choice", "a string or an object", body["tool_choice"])
+    if body.get("response_format") is not None and not isinstance(body["response_format"], dict):
+        raise invalid("response_format", "an object", body["response_format"])  # OpenAI's: {"type": ...}
     if body.get("parallel_tool_calls") is not None and not isinstance(body.get("parallel_tool_calls"), bool):
         raise invalid("parallel_tool_calls", "a boolean", body.get("parallel_tool_calls"))
     for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
@@ -253,6 +253,9 @@ def check_message(m: Any, where: str) -> None:
                            arguments=True)
             if not isinstance(call.get("id"), str):
                 raise invalid(f"{where}.tool_calls[{j}].id", "a string", call.get("id"))
+            if call.get("type") != "function":  # OpenAI's only tool call type (gateway/openapi.py: const)
+                raise RequestError(400, f"`{where}.tool_calls[{j}].type` must be 'function', got "
+                                        f"{short(call.get('type'))}", param=f"{where}.tool_calls[{j}].type")
     if m.get("function_call") is not None:
         check_function(m["function_call"], f"{where}.function_call", arguments=True)
 
