@@ -64,6 +64,15 @@ class Limits(Section):
         "the adaptive in-flight limit's target: median overhead this far above the unloaded one (0: fixed limit)"))
     hold_lease_s: float = Field(3600.0, gt=0, description=(
         "a budget hold not settled by then is a dead process's and is released"))
+    body_timeout_s: float = Field(10.0, ge=0.001, description=(
+        "a request body must arrive within this many seconds of its headers (408; docs/gateway/hardening.md)"))
+    header_timeout_s: float = Field(10.0, ge=0.001, description=(
+        "a request head must arrive within this many seconds of its first byte (408)"))
+    max_headers: int = Field(100, ge=1, description="the most header fields a request may send (431)")
+    max_header_bytes: int = Field(32 * 2**10, ge=64, description="the most bytes a request head may take (431)")
+    key_requests_per_s: float = Field(1000.0, ge=0, description=(
+        "requests per second one key may send, a burst of one second's worth (429 with Retry-After; 0: no limit)"))
+    max_connections: int = Field(1000, ge=1, description="open connections per process (beyond: 503, closed)")
 
 
 class Server(Section):
@@ -126,7 +135,10 @@ class GatewaySettings(Section):
                 "hold_lease_s": lim.hold_lease_s, "max_body_bytes": lim.max_body_bytes,
                 "max_in_flight": lim.max_in_flight, "max_queue": lim.max_queue,
                 "max_queue_wait_s": lim.max_queue_wait_s, "max_loop_lag_ms": lim.max_loop_lag_ms,
-                "max_overhead_ms": lim.max_overhead_ms}
+                "max_overhead_ms": lim.max_overhead_ms, "body_timeout_s": lim.body_timeout_s,
+                "header_timeout_s": lim.header_timeout_s, "max_headers": lim.max_headers,
+                "max_header_bytes": lim.max_header_bytes, "key_requests_per_s": lim.key_requests_per_s,
+                "max_connections": lim.max_connections}
 
 
 # Flag → the settings key it overrides, grouped as `gateway serve --help` shows them. The names are
@@ -140,7 +152,10 @@ FLAGS: dict[str, dict[str, str]] = {
     "limits": {"max-tokens-cap": "limits.max_tokens_cap", "max-body-bytes": "limits.max_body_bytes",
                "max-in-flight": "limits.max_in_flight", "max-queue": "limits.max_queue",
                "max-queue-wait-s": "limits.max_queue_wait_s", "max-loop-lag-ms": "limits.max_loop_lag_ms",
-               "max-overhead-ms": "limits.max_overhead_ms", "hold-lease-s": "limits.hold_lease_s"},
+               "max-overhead-ms": "limits.max_overhead_ms", "hold-lease-s": "limits.hold_lease_s",
+               "body-timeout-s": "limits.body_timeout_s", "header-timeout-s": "limits.header_timeout_s",
+               "max-headers": "limits.max_headers", "max-header-bytes": "limits.max_header_bytes",
+               "key-requests-per-s": "limits.key_requests_per_s", "max-connections": "limits.max_connections"},
     "server": {"host": "server.host", "port": "server.port", "workers": "server.workers", "loop": "server.loop",
                "http": "server.http", "watch-interval-s": "server.watch_interval_s",
                "local-server": "server.local_server", "local-base-url": "server.local_base_url"},
