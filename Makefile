@@ -92,9 +92,13 @@ mlflow-ui: install
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow/mlflow.db \
 		--default-artifact-root mlflow/artifacts --host 127.0.0.1 --port $${MLFLOW_PORT:-5000}
 
-# The Prefect UI over the flow runs `make demo` and the other flows left in .prefect (PREFECT_HOME).
+# The Prefect UI over the flow runs `make demo` and the other flows left in .prefect (PREFECT_HOME), on
+# any port (`make prefect-ui PREFECT_PORT=4255`): the UI's browser code calls the API at PREFECT_UI_API_URL,
+# which otherwise names port 4200 whatever --port says.
+PREFECT_PORT ?= 4200
 prefect-ui: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/prefect server start --host 127.0.0.1 --port $${PREFECT_PORT:-4200}
+	PREFECT_UI_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api PREFECT_SERVER_API_PORT=$(PREFECT_PORT) PATH="$(CURDIR)/$(BIN):$$PATH" \
+		$(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
 
 # routerops as a team's service: a real Prefect server (or the one PREFECT_API_URL names), the cpu/gpu
 # work pools, every deployment (the retrain on its cron and on published price books / pools) and a worker.
