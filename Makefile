@@ -21,14 +21,34 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
 .PHONY: install sandbox-backend demo storage test test-fast coverage mlflow-ui prefect-ui serve retrain benchmarks bench-rl replay critique critique-lm mtrouter orchestra clean
 
-$(STAMP): pyproject.toml
+# `make install` (and `make demo`) installs what the main pipeline needs; a target that needs a feature's
+# extra (pyproject.toml: orchestrator, mtrouter, team, dev) depends on install-EXTRA, which adds it; `make
+# test` installs them all in one pip run (`all`), which also counts as the main install.
+define new_venv
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip wheel
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev]"
+endef
+
+$(STAMP): pyproject.toml
+	$(new_venv)
+	$(BIN)/pip install --quiet -e .
 	touch $(STAMP)
 
+$(VENV)/.installed-all: pyproject.toml
+	$(new_venv)
+	$(BIN)/pip install --quiet -e ".[all]"
+	touch $(STAMP) $@
+
+$(VENV)/.installed-%: $(STAMP)
+	$(BIN)/pip install --quiet -e ".[$*]"
+	touch $@
+
+.PRECIOUS: $(VENV)/.installed-%  # a stamp, not an intermediate file for make to delete
+
 install: sandbox-backend $(STAMP)
+install-%: sandbox-backend $(VENV)/.installed-%
+	@:
 
 # The python tool runs model-written code only inside bubblewrap (README: "The code sandbox"); without
 # it the tool refuses and the sandbox tests skip. Installed here on Debian/Ubuntu when we are root.
@@ -48,7 +68,7 @@ demo: install
 
 # Point this checkout at the team's S3 store (README: "Team storage"): the endpoint from
 # ROUTEROPS_S3_ENDPOINT_URL into the git-ignored .dvc/config.local, the buckets created; keys from AWS_*.
-storage: install
+storage: install-team
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m services.s3
 
 # Two pytest-xdist workers by default (PYTEST_WORKERS=0: one process), a test module to a worker
@@ -56,15 +76,15 @@ storage: install
 # home (tests/conftest.py). The servers and subprocesses the tests start wait on I/O much of the time,
 # so two workers keep both cores busy (docs/operations/tests.md).
 PYTEST_WORKERS ?= 2
-test: install
+test: install-all
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope
 
 # The inner loop: unit tests only, no server, subprocess pipeline or model training (marked slow/e2e).
-test-fast: install
+test-fast: install-all
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow and not e2e"
 
 # `make test` with line coverage of the project's packages ([tool.coverage] in pyproject.toml).
-coverage: install
+coverage: install-all
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope \
 		--cov --cov-report=term --cov-report=json:coverage.json
 
@@ -72,13 +92,17 @@ mlflow-ui: install
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow/mlflow.db \
 		--default-artifact-root mlflow/artifacts --host 127.0.0.1 --port $${MLFLOW_PORT:-5000}
 
-# The Prefect UI over the flow runs `make demo` and the other flows left in .prefect (PREFECT_HOME).
+# The Prefect UI over the flow runs `make demo` and the other flows left in .prefect (PREFECT_HOME), on
+# any port (`make prefect-ui PREFECT_PORT=4255`): the UI's browser code calls the API at PREFECT_UI_API_URL,
+# which otherwise names port 4200 whatever --port says.
+PREFECT_PORT ?= 4200
 prefect-ui: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/prefect server start --host 127.0.0.1 --port $${PREFECT_PORT:-4200}
+	PREFECT_UI_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api PREFECT_SERVER_API_PORT=$(PREFECT_PORT) PATH="$(CURDIR)/$(BIN):$$PATH" \
+		$(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
 
 # routerops as a team's service: a real Prefect server (or the one PREFECT_API_URL names), the cpu/gpu
 # work pools, every deployment (the retrain on its cron and on published price books / pools) and a worker.
-serve: install
+serve: install-team
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.serve
 
 # One retrain by hand, under the price book and pool in force (params.yaml: ops).
@@ -99,17 +123,17 @@ critique: install
 
 # The LM critique-and-route / CoRL controllers (issue 24; params.yaml: critique_lm): warm-up SFT, RL through
 # the shared core, evaluation on the fixed split's test queries, then registration through the gate.
-critique-lm: install
+critique-lm: install-orchestrator
 	PATH="$(CURDIR)/$(BIN):$$PATH" routerops run critique-lm
 
 # MTRouter at small scale on ScienceWorld with the embedded pool (params.yaml: mtrouter).
-mtrouter: install
+mtrouter: install-mtrouter
 	PATH="$(CURDIR)/$(BIN):$$PATH" routerops run mtrouter
 
 # The orchestrator (paper 004) at small scale: teacher → verifier filter → SFT of SmolLM2-135M → evaluate
 # before/after SFT and RL beside the baselines → register (params.yaml: orchestra). ~30 min on 2 cores before
 # the 16-step RL stage of issue 23, which adds roughly 10-15 min (not re-timed end to end).
-orchestra: install
+orchestra: install-orchestrator
 	PATH="$(CURDIR)/$(BIN):$$PATH" routerops run orchestra
 
 benchmarks: install
@@ -119,7 +143,7 @@ benchmarks: install
 
 # Seconds per RL step and peak RSS of our trainer vs TRL's GRPOTrainer (G=4, 256-token prompt, 64-token
 # completions; a few minutes on 2 cores). Scale up with ARGS, e.g. make bench-rl ARGS="--group-size 8 --rounds 3".
-bench-rl: install
+bench-rl: install-orchestrator
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/rl_step.py $(ARGS)
 
 clean:

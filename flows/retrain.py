@@ -5,7 +5,7 @@ in force → retire → materialise → collect the grid (only what the journals
 validate → grid → routers → register (gate on val) → track. A price-only change makes no LLM call; a
 pool change collects only the new or changed workers' episodes.
 
-Run it by hand with `python -m flows.retrain` from the repository root.
+Run it by hand with `make retrain` (`routerops run retrain`) from the repository root.
 """
 
 from __future__ import annotations

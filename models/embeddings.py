@@ -28,6 +28,7 @@ import os
 import sqlite3
 import tempfile
 import threading
+import warnings
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
@@ -451,7 +452,12 @@ def _export_fp32(model_dir: Path, out: Path) -> None:
 
     raw = out.with_name(out.name + ".raw")
     try:
-        with torch.inference_mode(False), torch.no_grad():
+        # The tracer warns (TracerWarning, three per export) where BERT's Python code turns a tensor
+        # into a Python value (a shape check, an attention-mask dtype test): traced as constants for
+        # this sample. The graph is checked instead: `_check_export` compares it with the PyTorch model
+        # on a batch of other lengths than the sample's, so the warnings say nothing to act on.
+        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
             torch.onnx.export(Pipeline(), tuple(sample[k] for k in names), str(raw), dynamo=False, opset_version=17,
                               input_names=names, output_names=["embedding"],
                               dynamic_axes={**{k: {0: "batch", 1: "seq"} for k in names}, "embedding": {0: "batch"}})

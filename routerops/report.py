@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from routerops import metrics
+from routerops.plot_labels import annotate_points
 
 LEADERBOARD_COLUMNS = [
     "policy", "n", "accuracy", "accuracy_lo", "accuracy_hi", "score_mean", "usd_per_query", "usd_total",
@@ -99,12 +100,11 @@ def plot_accuracy_cost(leaderboard: pd.DataFrame, path: str | Path, title: str =
         ax.scatter(x[~on], y[~on], s=40, color="tab:blue", label="policy", zorder=2)
         ax.scatter(x[on], y[on], s=60, color="tab:red", marker="D", label="on Pareto frontier", zorder=3)
         front = np.flatnonzero(on)
-        if len(front):
-            fx = np.append(x[front], ax.get_xlim()[1] if len(front) == 1 else x[front][-1])
-            ax.step(fx, np.append(y[front], y[front][-1]), where="post", color="tab:red", alpha=0.6,
-                    label="Pareto frontier", zorder=1)
-        for xi, yi, name in zip(x, y, board["policy"]):
-            ax.annotate(str(name), (xi, yi), textcoords="offset points", xytext=(6, 5), fontsize=8)
+        if len(set(zip(x[front], y[front]))) > 1:  # one point is not a frontier line: its marker says it all
+            ax.step(x[front], y[front], where="post", color="tab:red", alpha=0.6, label="Pareto frontier", zorder=1)
+        if wants_log_x(x):
+            ax.set_xscale("log")  # before the labels are placed: they are spaced on screen
+        annotate_points(ax, x, y, board["policy"])
         return save_cost_axes(fig, ax, x, "accuracy (bars: 95% bootstrap interval)", title, path)
     finally:
         plt.close(fig)
@@ -121,17 +121,26 @@ def plot_router_curves(curves: pd.DataFrame, leaderboard: pd.DataFrame, path: st
 
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
     try:
+        singles: list[tuple[float, float, str]] = []
         for name, curve in curves.groupby("router", sort=False):
             curve = curve.sort_values("usd_per_query", kind="mergesort")
             if str(name).startswith("single:"):
                 ax.scatter(curve.usd_per_query, curve.accuracy, s=50, marker="s", zorder=3)
-                ax.annotate(str(name), (curve.usd_per_query.iloc[0], curve.accuracy.iloc[0]),
-                            textcoords="offset points", xytext=(6, -10), fontsize=8)
+                singles.append((curve.usd_per_query.iloc[0], curve.accuracy.iloc[0], str(name)))
+                continue
+            aiq = leaderboard.set_index("router").aiq.get(name, float("nan"))
+            label = f"{name} (AIQ {aiq:.3f})"
+            if len(curve[["usd_per_query", "accuracy"]].drop_duplicates()) == 1:
+                # A router whose knob never moves it (one operating point) is a point, not a line.
+                ax.scatter(curve.usd_per_query.iloc[:1], curve.accuracy.iloc[:1], s=30, marker="o", zorder=2, label=label)
             else:
-                aiq = leaderboard.set_index("router").aiq.get(name, float("nan"))
-                ax.plot(curve.usd_per_query, curve.accuracy, marker=".", markersize=3, linewidth=1.2,
-                        label=f"{name} (AIQ {aiq:.3f})")
-        return save_cost_axes(fig, ax, curves.usd_per_query.to_numpy(float), "accuracy", title, path)
+                ax.plot(curve.usd_per_query, curve.accuracy, marker=".", markersize=3, linewidth=1.2, label=label)
+        costs = curves.usd_per_query.to_numpy(float)
+        if wants_log_x(costs):
+            ax.set_xscale("log")  # before the labels are placed: they are spaced on screen
+        if singles:
+            annotate_points(ax, *zip(*singles))
+        return save_cost_axes(fig, ax, costs, "accuracy", title, path)
     finally:
         plt.close(fig)
 

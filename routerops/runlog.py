@@ -48,8 +48,11 @@ class ConsoleFilter(logging.Filter):
 
 
 def _console_handlers(logger: logging.Logger) -> list[logging.Handler]:
+    # MLflow's handler writes through its own stream object (MlflowLoggingStream, which forwards to
+    # sys.stderr), so it is recognised by that object's type.
     return [h for h in logger.handlers
-            if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) in (sys.stderr, sys.stdout)
+            if isinstance(h, logging.StreamHandler) and (getattr(h, "stream", None) in (sys.stderr, sys.stdout)
+                                                         or type(h.stream).__name__ == "MlflowLoggingStream")
             or type(h).__name__ == "PrefectConsoleHandler"]
 
 
@@ -79,12 +82,21 @@ def quiet_progress_bars() -> Iterator[None]:
                 enable()
 
 
+def configure_late_loggers() -> None:
+    """Import now the libraries that configure their own console loggers at import: the stages import
+    them only when they run (stages/declarations.py), after `run_log` has sorted the handlers, so
+    MLflow's "Creating initial MLflow database tables..." reached the console (issue 40)."""
+    with contextlib.suppress(ImportError):
+        import mlflow  # noqa: F401 - its `mlflow` logger: own stream handler, no propagation
+
+
 @contextlib.contextmanager
 def run_log(path: Path, console_loggers: Sequence[str] = CONSOLE_LOGGERS) -> Iterator[Path]:
     """Within the block: records at INFO and above to `path` (overwritten), the console filtered by
     ConsoleFilter. Loggers that do not propagate (MLflow's) get the file handler and the filter too."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    configure_late_loggers()
     to_file = logging.FileHandler(path, mode="w", encoding="utf-8")
     to_file.setLevel(logging.INFO)
     to_file.setFormatter(logging.Formatter(FILE_FORMAT))

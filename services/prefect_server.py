@@ -45,9 +45,11 @@ def prefect_command(*args: str) -> list[str]:
 
 @contextlib.contextmanager
 def prefect_server(home: str | Path, port: int | None = None, log_path: str | Path | None = None,
-                   startup_timeout_s: float = 180.0, env: dict[str, str] | None = None) -> Iterator[str]:
+                   startup_timeout_s: float = 180.0, env: dict[str, str] | None = None,
+                   services: bool = True, stop_grace_s: float = 10.0) -> Iterator[str]:
     """`prefect server start` on 127.0.0.1 with PREFECT_HOME=`home`; yields the API URL
-    (http://127.0.0.1:PORT/api) once /api/health answers, stops the server on exit."""
+    (http://127.0.0.1:PORT/api) once /api/health answers, stops the server on exit. services=False:
+    the API alone (no scheduler, no automations), for a flow run from the command line."""
     port = port or free_port()
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
@@ -56,7 +58,7 @@ def prefect_server(home: str | Path, port: int | None = None, log_path: str | Pa
     child_env.pop("PREFECT_API_URL", None)  # the server must not think it is a client of another one
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(prefect_command("server", "start", "--host", "127.0.0.1", "--port", str(port),
-                                                "--analytics-off", "--no-ui"),
+                                                "--analytics-off", "--no-ui", *([] if services else ["--no-services"])),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=child_env,
                                 start_new_session=True)
     api_url = f"http://127.0.0.1:{port}/api"
@@ -64,7 +66,7 @@ def prefect_server(home: str | Path, port: int | None = None, log_path: str | Pa
         wait_for_health(proc, f"{api_url}/health", startup_timeout_s, log_file, "prefect server")
         yield api_url
     finally:
-        stop_process_group(proc)
+        stop_process_group(proc, grace_s=stop_grace_s)
 
 
 def wait_for_health(proc: subprocess.Popen, url: str, timeout_s: float, log_file: Path, what: str) -> None:

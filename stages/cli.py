@@ -191,7 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--k", type=int, default=5, help="cross-fitting folds (tables without a split)")
     replay.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     replay.add_argument("--bootstrap", type=int, default=1000)
-    replay.add_argument("--out", default="reports/replay/leaderboard.csv")
+    replay.add_argument("--out", default="reports/replay/leaderboard.csv",
+                        help="the leaderboard CSV; its curves, metadata and plot are written beside it")
+    replay.add_argument("--experiment", default="routerops-replay", help="MLflow experiment of the run")
+    replay.add_argument("--params", default="params.yaml",
+                        help="its `track` section names the MLflow store (defaults when the file is absent)")
+    replay.add_argument("--no-mlflow", action="store_true", help="write the files only, log no MLflow run")
     replay.set_defaults(func="stages.replay_command:replay_command", input_files=("table", "train_table", "prices"))
 
     add_register_parser(sub)

@@ -15,6 +15,7 @@ from evaluation.replay import run_replay_benchmark, split_table
 from models.baselines import PromptedLLMRouter
 from models.registry import ROUTER_FACTORIES
 from routerops import schema
+from routerops.config import TrackConfig
 from routerops.envs.replay import load_logged_outcomes
 from routerops.errors import InputError
 from routerops.files import check_output
@@ -38,9 +39,9 @@ def replay_tables(args: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame 
 
 
 def replay_outputs(out: str) -> list[Path]:
-    """The three files `routerops replay` writes: the leaderboard, its curves and its metadata."""
+    """The four files `routerops replay` writes: the leaderboard, its curves, its metadata and its plot."""
     board = Path(out)
-    return [board, board.with_suffix(".curves.csv"), board.with_suffix(".meta.json")]
+    return [board, board.with_suffix(".curves.csv"), board.with_suffix(".meta.json"), board.with_suffix(".png")]
 
 
 def check_replay_args(args: argparse.Namespace) -> None:
@@ -135,9 +136,52 @@ def replay_command(args: argparse.Namespace) -> None:
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(board.drop(columns=["protocol"]).round(4).to_string(index=False))
     print(f"protocol: {protocol}")
-    board_path, curves_path, meta_path = replay_outputs(args.out)
+    files = write_replay_outputs(args, board, dropped)
+    tables = {"scored": (scored, Path(args.table))}
+    if train is not None:
+        tables["train"] = (train, Path(args.train_table or args.table))
+    run = None if args.no_mlflow else log_replay(args, board, tables, files)
+    print_where(files, run)
+
+
+def write_replay_outputs(args: argparse.Namespace, board: pd.DataFrame, dropped: dict | None) -> list[Path]:
+    """The leaderboard, its curves, its metadata and its accuracy–cost plot, each written atomically."""
+    from routerops.report import plot_router_curves
+
+    board_path, curves_path, meta_path, plot_path = replay_outputs(args.out)
     board_path.parent.mkdir(parents=True, exist_ok=True)
     schema.write_csv_atomic(board, board_path)
     schema.write_csv_atomic(board.attrs["curves"], curves_path)
     meta = {k: v for k, v in board.attrs.items() if k != "curves"}
     schema.write_json_atomic({**meta, "drop_overlap": dropped, "argv": sys.argv[1:]}, meta_path)
+    staging = plot_path.with_name(f".{plot_path.stem}.tmp.png")
+    plot_router_curves(board.attrs["curves"], board, staging,
+                       title=f"{Path(args.table).name}: {board.attrs['n_queries']} queries, {board.attrs['protocol']}")
+    staging.replace(plot_path)
+    return [board_path, curves_path, meta_path, plot_path]
+
+
+def log_replay(args: argparse.Namespace, board: pd.DataFrame, tables: dict, files: list[Path]) -> tuple[str, str, str]:
+    """The MLflow run of this replay, in the store params.yaml's `track` names (MLFLOW_TRACKING_URI wins)."""
+    import dataclasses
+
+    from evaluation.replay_tracking import log_replay_run
+    from routerops.config import load_params
+
+    params = Path(args.params)
+    track = load_params(params, sections=("track",)).track if params.is_file() else TrackConfig()
+    track = dataclasses.replace(track, experiment=args.experiment)
+    return log_replay_run(track, args, board, tables, Path(args.prices), files)
+
+
+def print_where(files: list[Path], run: tuple[str, str, str] | None) -> None:
+    """Where everything went: the files, then the MLflow run and how to open it."""
+    board, curves, meta, plot = files
+    print(f"\nleaderboard  {board}\ncurves       {curves}\nmetadata     {meta}\nplot         {plot}")
+    if run is None:
+        print("MLflow       not logged (--no-mlflow)")
+        return
+    uri, experiment_id, run_id = run
+    ui = "make mlflow-ui" if uri == TrackConfig.tracking_uri else f"mlflow ui --backend-store-uri {uri}"
+    print(f"MLflow run   {run_id} (experiment {experiment_id}, store {uri})\n"
+          f"open it      {ui}, then http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}")

@@ -9,7 +9,10 @@ retrain workspace (`ops.workspace`), under the price book and pool in force (`ro
   (its spec and primitives, `worker_signature`): a worker keeps its episodes across retrains for as
   long as its signature holds. So a price-only change collects nothing and makes no call (the LLM
   server is not even started), a pool change collects exactly the episodes of the new or changed
-  workers, and a removed worker's episodes are simply not read.
+  workers, and a removed worker's episodes are simply not read. The first retrain after the main
+  pipeline (`make demo`) starts from that run's logged trajectories (data/raw): a worker whose
+  signature is the one it had in params.yaml's pool gets the main run's single-worker episodes of
+  the same tasks copied into its journal (`seed_grid`), so that retrain too re-prices and calls no one.
 - the rest are the main pipeline's own stage functions on the retrain Layout; the register step
   records the price book and pool versions on the registered version and in its promotion decision.
 
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from evaluation.registry import retire_champions_routing_to
@@ -39,7 +43,7 @@ from routerops.policies import SINGLE, policies_by_name
 from routerops.pricing import check_pool_priced, load_pool, load_price_book
 from routerops.publishing import POOL, PRICES, copy_atomic, pool_changes, versions, worker_signature
 from routerops.publishing import in_force as file_in_force
-from routerops.rollout import JOURNAL_NAME, collect_sync, plan_episodes, read_journal
+from routerops.rollout import JOURNAL_NAME, append_journal, collect_sync, plan_episodes, read_journal
 from routerops.workers import build_workers
 from routerops.workers.server import local_llm_server
 from stages.manifest import write_manifest
@@ -58,6 +62,7 @@ class InForce:
     pool_version: str
     trigger: str  # "schedule", "prices", "pool" or "manual"
     params_pool: Path  # params.yaml's pool: what was in use before the first retrain
+    repo: Path | None = None  # the repository root: the main pipeline's logged trajectories seed the grid
 
     def tags(self) -> dict[str, str]:
         return {"routerops.trigger": self.trigger, "routerops.price_book_version": self.price_book_version,
@@ -71,7 +76,7 @@ def in_force(params: Params, repo: Layout, trigger: str = "manual") -> InForce:
     pool_file = file_in_force(store, POOL, repo.resolve(params.pool.file)).resolve()
     found = versions(book_file, pool_file)
     return InForce(book_file, found["price_book_version"], pool_file, found["pool_version"], trigger,
-                   repo.resolve(params.pool.file).resolve())
+                   repo.resolve(params.pool.file).resolve(), repo.root.resolve())
 
 
 def retrain_setup(params: Params, repo: Layout, now: InForce) -> tuple[Params, Layout]:
@@ -134,6 +139,86 @@ def worker_parts(params: Params, layout: Layout, pool, tasks: list) -> list[Work
     return parts
 
 
+def native(record: dict) -> dict:
+    """A table row as a journal line holds it: plain Python values."""
+    return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in record.items()}
+
+
+def logged_entries(params: Params, now: InForce, tasks: list) -> tuple[dict, Path | None]:
+    """The main pipeline's logged single-worker episodes as journal entries by (task id, policy), and
+    the price book they were collected under; empty when there is no main run to seed from (`now.repo`
+    unset, its raw tables absent, or collected under another book than params.yaml's collect book)."""
+    repo = Layout(now.repo) if now.repo else None
+    if repo is None or not all(p.is_file() for p in (repo.raw.episodes, repo.raw.turns, repo.tasks)):
+        return {}, None
+    book_file = repo.resolve(params.collect.price_book)
+    episodes = schema.read_table(repo.raw.episodes, "episodes")
+    episodes = episodes[episodes.policy.str.startswith(f"{SINGLE}/")]
+    if episodes.empty or not book_file.is_file() \
+            or set(episodes.price_book_version) != {load_price_book(book_file).version}:
+        return {}, None
+    logged_tasks = {t.task_id: t for t in read_tasks(repo.tasks)}
+    same = {t.task_id for t in tasks if logged_tasks.get(t.task_id) == t}  # the same task, not only its id
+    episodes = episodes[episodes.task_id.isin(same)]
+    turns = schema.read_table(repo.raw.turns, "turns")
+    turns = turns[turns.episode_id.isin(set(episodes.episode_id))].sort_values(["episode_id", "turn_index"])
+    by_episode = {eid: [native(t) for t in group.to_dict("records")]
+                  for eid, group in turns.groupby("episode_id", sort=False)}
+    entries = {(ep["task_id"], ep["policy"]): {"episode": native(ep), "turns": by_episode.get(ep["episode_id"], [])}
+               for ep in episodes.to_dict("records")}
+    return entries, book_file
+
+
+def same_worker_as_main(part: WorkerPart, now: InForce) -> bool:
+    """The worker has the signature it had in params.yaml's pool, the pool the main pipeline collected with."""
+    main_pool = load_pool(now.params_pool)
+    return part.name in main_pool.names and worker_signature(main_pool, part.name) == part.signature
+
+
+def seed_from_main(part: WorkerPart, params: Params, tasks: list, logged: dict) -> int:
+    """Append to a worker's grid journal the main pipeline's episodes of that worker (same signature,
+    same task, same budget, turn limit and policy version): the retrain after `make demo` re-prices
+    those instead of calling the worker again. Each keeps its outcome and tokens under the retrain's
+    episode id. Returns how many were added."""
+    done = read_journal(part.folder / JOURNAL_NAME)
+    settings = {"budget_usd": float(params.collect.budget_usd), "turn_limit": int(params.collect.turn_limit)}
+    found = []
+    for eid, task, policy in plan_episodes(tasks, part.policies, part.signature, params.collect.seed):
+        entry = logged.get((task.task_id, policy.name))
+        if eid in done or entry is None or entry["episode"]["policy_version"] != str(policy.version) \
+                or any(entry["episode"][k] != v for k, v in settings.items()):
+            continue
+        episode = {**entry["episode"], "episode_id": eid, "run_id": part.signature}
+        found.append((episode, [{**t, "episode_id": eid} for t in entry["turns"]]))
+    if found:
+        part.folder.mkdir(parents=True, exist_ok=True)
+        with open(part.folder / JOURNAL_NAME, "ab") as journal:
+            for episode, turns in found:
+                append_journal(journal, episode, turns)
+    return len(found)
+
+
+def seed_grid(params: Params, parts: list[WorkerPart], tasks: list,
+              now: InForce) -> tuple[list[WorkerPart], dict[str, int]]:
+    """The parts with what the main pipeline already logged added to their journals (seed_from_main),
+    and how many episodes each got. A worker whose journal was begun under another price book than
+    the main run's keeps its own episodes: one journal, one collection book."""
+    wanting = [p for p in parts if p.missing and same_worker_as_main(p, now)]
+    logged, main_book = logged_entries(params, now, tasks) if wanting else ({}, None)
+    seeded: dict[str, int] = {}
+    for part in wanting if logged else []:
+        kept = part.folder / COLLECTION_BOOK
+        if kept.is_file() and load_price_book(kept).version != load_price_book(main_book).version:
+            continue
+        if not kept.is_file():
+            copy_atomic(main_book, kept)  # the book the main run's budgets were enforced under
+        seeded[part.name] = seed_from_main(part, params, tasks, logged)
+    if seeded:
+        print("collect-grid: " + ", ".join(f"{n} episodes of {w}" for w, n in seeded.items())
+              + " taken from the main pipeline's logged trajectories (re-priced, not re-collected)")
+    return [dataclasses.replace(p, missing=p.missing - seeded.get(p.name, 0)) for p in parts], seeded
+
+
 def collection_book(part: WorkerPart, now: InForce) -> Path:
     """The book this worker's budgets are enforced under: the one in force at its first collection."""
     kept = part.folder / COLLECTION_BOOK
@@ -147,7 +232,7 @@ def collect_grid(params: Params, layout: Layout, tasks: Path, now: InForce) -> T
     journals lack is collected (see the module docstring)."""
     cfg, pool = params.collect, load_pool(now.pool)
     chosen = [t for t in read_tasks(tasks) if t.split in grid_splits(params)]
-    parts = worker_parts(params, layout, pool, chosen)
+    parts, seeded = seed_grid(params, worker_parts(params, layout, pool, chosen), chosen, now)
     needs_server = any(p.missing and pool.worker(p.name).kind == "llm" and pool.worker(p.name).endpoint == "local"
                        for p in parts)
     server = local_llm_server(n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) if needs_server else None
@@ -159,10 +244,12 @@ def collect_grid(params: Params, layout: Layout, tasks: Path, now: InForce) -> T
             one = dataclasses.replace(pool, workers=(pool.worker(part.name),))
             check_pool_priced(one, book, book_file)
             workers = build_workers(one, base_url) if part.missing else {}  # nothing to run: no client at all
+            if part.missing:
+                print(f"collect-grid: {part.missing} episodes of {part.name} to collect")
             frames.append(collect_sync(chosen, part.policies, env=QAEnvironment(), workers=workers, book=book,
                                        budget_usd=cfg.budget_usd, turn_limit=cfg.turn_limit, out_dir=part.folder,
                                        run_id=part.signature, seed=cfg.seed, concurrency=cfg.concurrency,
-                                       progress=False))
+                                       progress=bool(part.missing)))
             collected[part.name] = part.missing
     episodes = pd.concat([ep for ep, _ in frames], ignore_index=True)
     turns = pd.concat([tu for _, tu in frames], ignore_index=True)
@@ -171,6 +258,7 @@ def collect_grid(params: Params, layout: Layout, tasks: Path, now: InForce) -> T
     schema.write_table(turns, raw.turns, "turns")
     metrics: dict[str, Any] = {"episodes": len(episodes), "episodes_collected": sum(collected.values()),
                                **{f"episodes_collected/{w}": n for w, n in collected.items()},
+                               "episodes_from_main_run": sum(seeded.values()),
                                "llm_server_started": float(needs_server)}
     write_manifest(layout.manifests, "collect-grid", cfg, [tasks, now.pool], raw.paths(), metrics)
     return raw

@@ -101,7 +101,14 @@ def run_command(args: argparse.Namespace) -> None:
     params = params_for_run(args.name, root, args.params, args.overrides)
     check_config(pipeline, params, args.overrides)
     if pipeline.flow:
-        resolve(pipeline.flow)(params_file=str(params.resolve()), root=str(root))
+        flow = resolve(pipeline.flow)
+        if hasattr(flow, "fn"):  # a Prefect flow itself: SIGTERM / Ctrl-C cancel it cleanly (stages/flow_runner.py)
+            from stages.flow_runner import prefect_home, run_flow_cancellable
+
+            run_flow_cancellable(flow, args.name, params, prefect_home(), params_file=str(params.resolve()),
+                                 root=str(root))
+            return
+        flow(params_file=str(params.resolve()), root=str(root))
         return
     for stage in pipeline.stages:
         print(run_stage(stage, str(params.resolve()), str(root)))

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
+from routerops.envs.csv_rows import RowLabel, csv_row_label, plain, row_label, sniff_delimiter
 from routerops.envs.jsonl_qa import text_field
 from routerops.envs.qa import extract_answer
 from routerops.errors import InputError, RouteropsError
@@ -45,17 +46,22 @@ WORKER_ERROR_RULE = "worker_error"  # what the rollout engine records when a cal
 # ---------------------------------------------------------------- reading and validating
 
 
-def _read_frame(path: Path) -> pd.DataFrame:
+def _read_frame(path: Path) -> tuple[pd.DataFrame, RowLabel]:
+    """The table and how its rows are named in errors: a CSV's by line (routerops/envs/csv_rows.py)."""
     if not path.is_file():
         raise InputError(path, "<file>", "file not found")
     suffix = path.suffix.lower()
     try:
         if suffix in (".parquet", ".pq"):
-            return pd.read_parquet(path)
+            return pd.read_parquet(path), row_label
         if suffix == ".csv":
-            # Text columns as text ("001" stays "001"); empty cells as "" rather than NaN.
+            # `;`, tab or `|` as a spreadsheet saved it; text columns as text ("001" stays "001");
+            # empty cells as "" rather than NaN.
+            sep = sniff_delimiter(path, (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS))
             text = {c: str for c in (*TEXT_COLUMNS, *OPTIONAL_COLUMNS)}
-            return pd.read_csv(path, dtype=text, keep_default_na=False, na_values={c: [""] for c in ("score", *TOKEN_COLUMNS)})
+            frame = pd.read_csv(path, sep=sep, dtype=text, keep_default_na=False,
+                                na_values={c: [""] for c in ("score", *TOKEN_COLUMNS)})
+            return frame, csv_row_label(path, sep)
     except (OSError, ValueError) as exc:  # pyarrow and the CSV parser raise subclasses of these
         raise unreadable(path, suffix[1:], exc) from exc
     raise InputError(path, "<file>", f"unsupported file type {suffix!r}: use .parquet or .csv")
@@ -74,20 +80,21 @@ def _first_bad_row(mask: pd.Series) -> int:
     return int(np.flatnonzero(mask.to_numpy())[0]) + 1
 
 
-def _check_text(source: Any, frame: pd.DataFrame, column: str, allow_empty: bool) -> pd.Series:
+def _check_text(source: Any, frame: pd.DataFrame, column: str, allow_empty: bool,
+                label: RowLabel = row_label) -> pd.Series:
     values = frame[column]
     bad = values.map(lambda v: not isinstance(v, str))
     if bad.any():
         row = _first_bad_row(bad)
-        raise InputError(source, column, f"row {row}: expected text, got {values.iloc[row - 1]!r}")
+        raise InputError(source, column, f"{label(row - 1)}: expected text, got {plain(values.iloc[row - 1])}")
     if not allow_empty:
         empty = values.str.strip() == ""
         if empty.any():
-            raise InputError(source, column, f"row {_first_bad_row(empty)}: empty")
+            raise InputError(source, column, f"{label(_first_bad_row(empty) - 1)}: empty")
     return values.astype(object)
 
 
-def _check_score(source: Any, frame: pd.DataFrame) -> pd.Series:
+def _check_score(source: Any, frame: pd.DataFrame, label: RowLabel = row_label) -> pd.Series:
     raw = frame["score"]
     if raw.dtype == bool:
         return raw.astype(float)
@@ -95,12 +102,8 @@ def _check_score(source: Any, frame: pd.DataFrame) -> pd.Series:
     bad = values.isna() | ~np.isfinite(values.astype(float)) | (values < 0) | (values > 1)
     if bad.any():
         row = _first_bad_row(bad)
-        raise InputError(source, "score", f"row {row}: {raw.iloc[row - 1]!r} is not a number in [0, 1]")
+        raise InputError(source, "score", f"{label(row - 1)}: {plain(raw.iloc[row - 1])} is not a number in [0, 1]")
     return values.astype(float)
-
-
-def _check_tokens(source: Any, frame: pd.DataFrame, column: str) -> pd.Series:
-    return check_token_counts(frame[column], source, column)
 
 
 def worker_order(frame: pd.DataFrame) -> list[str]:
@@ -108,12 +111,12 @@ def worker_order(frame: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(frame["worker"]))
 
 
-def _check_grid(source: Any, frame: pd.DataFrame) -> None:
+def _check_grid(source: Any, frame: pd.DataFrame, label: RowLabel = row_label) -> None:
     """(query_id, worker) unique; every query has a row for every worker; one text per query."""
     dup = frame.duplicated(["query_id", "worker"], keep="first")
     if dup.any():
         row = _first_bad_row(dup)
-        raise InputError(source, "query_id", f"row {row}: duplicate (query_id, worker) pair "
+        raise InputError(source, "query_id", f"{label(row - 1)}: duplicate (query_id, worker) pair "
                          f"({frame['query_id'].iloc[row - 1]!r}, {frame['worker'].iloc[row - 1]!r})")
     workers = worker_order(frame)
     have = frame.groupby("query_id", sort=False)["worker"].agg(set)
@@ -139,26 +142,30 @@ def _blank_if_missing(value: Any) -> Any:
         return value
 
 
-def validate_logged_outcomes(frame: pd.DataFrame, source: Any = "<logged outcomes>") -> pd.DataFrame:
+def validate_logged_outcomes(frame: pd.DataFrame, source: Any = "<logged outcomes>",
+                             label: RowLabel = row_label) -> pd.DataFrame:
     """A checked copy of `frame` with normalised dtypes; InputError(source, field, problem) if not
-    a valid logged-outcome table. Extra columns are kept as they are."""
+    a valid logged-outcome table, naming the row by `label` (a CSV's: its line). Extra columns are
+    kept as they are."""
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
-        raise InputError(source, missing[0], "column missing")
+        found = ", ".join(map(str, list(frame.columns)[:12])) or "none"
+        raise InputError(source, missing[0], f"column missing (columns found: {found}; required: "
+                         f"{', '.join(REQUIRED_COLUMNS)})")
     if frame.empty:
         raise InputError(source, "<file>", "no rows")
     out = frame.reset_index(drop=True).copy()
     for column in TEXT_COLUMNS:
-        out[column] = _check_text(source, out, column, allow_empty=False)
+        out[column] = _check_text(source, out, column, allow_empty=False, label=label)
     if "response" in out.columns:
         out["response"] = out["response"].map(_blank_if_missing)
-        out["response"] = _check_text(source, out, "response", allow_empty=True)
+        out["response"] = _check_text(source, out, "response", allow_empty=True, label=label)
     if "split" in out.columns:
-        out["split"] = _check_text(source, out, "split", allow_empty=False)
-    out["score"] = _check_score(source, out)
+        out["split"] = _check_text(source, out, "split", allow_empty=False, label=label)
+    out["score"] = _check_score(source, out, label)
     for column in TOKEN_COLUMNS:
-        out[column] = _check_tokens(source, out, column)
-    _check_grid(source, out)
+        out[column] = check_token_counts(out[column], source, column, label)
+    _check_grid(source, out, label)
     out.attrs = dict(frame.attrs)
     return out
 
@@ -166,7 +173,8 @@ def validate_logged_outcomes(frame: pd.DataFrame, source: Any = "<logged outcome
 def load_logged_outcomes(path: str | Path) -> pd.DataFrame:
     """Read and validate a logged-outcome table (.parquet or .csv)."""
     path = Path(path)
-    return validate_logged_outcomes(_read_frame(path), source=path)
+    frame, label = _read_frame(path)
+    return validate_logged_outcomes(frame, source=path, label=label)
 
 
 def write_logged_outcomes(frame: pd.DataFrame, path: str | Path) -> Path:
@@ -262,7 +270,7 @@ def _read_routellm_csv(path: Path) -> tuple[pd.DataFrame, list[str]]:
         bad = ~raw[model].isin(list(TRUE_FALSE))
         if bad.any():
             row = _first_bad_row(bad)
-            raise InputError(path, model, f"row {row}: expected True or False, got {raw[model].iloc[row - 1]!r}")
+            raise InputError(path, model, f"row {row}: expected True or False, got {plain(raw[model].iloc[row - 1])}")
     return raw, models
 
 

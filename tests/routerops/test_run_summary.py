@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import logging
 import shutil
+import subprocess
+import sys
+import textwrap
 import warnings
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from routerops.layout import Layout
 from routerops.run_summary import pipeline_summary
@@ -104,3 +108,24 @@ def test_a_logged_run_draws_no_library_progress_bars_and_puts_the_switches_back(
     for _ in hf_logging.tqdm(range(3), desc="after the run"):
         pass
     assert "after the run" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_mlflow_first_imported_inside_the_run_keeps_its_info_lines_in_the_file(tmp_path):
+    """The stages import MLflow only when they run, after run_log has sorted the handlers: its "Creating
+    initial MLflow database tables..." used to reach `make demo`'s console (issue 40)."""
+    code = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        assert "mlflow" not in sys.modules
+        from routerops.runlog import run_log
+        with run_log(Path({str(tmp_path / "run.log")!r})):
+            import mlflow
+            mlflow.set_tracking_uri("sqlite:///{tmp_path / 'new.db'}")
+            mlflow.search_experiments()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert "MLflow database tables" not in out.stdout + out.stderr, out.stdout + out.stderr
+    assert "Creating initial MLflow database tables" in (tmp_path / "run.log").read_text()

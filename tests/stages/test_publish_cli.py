@@ -3,6 +3,7 @@ without a Prefect server the file is still published and the command says no ret
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,11 @@ def test_cli_publish_without_a_server_stores_the_file_and_says_no_retrain_ran(tm
                                                           "reprice": {"price_book": str(BOOK)}}))
     good = edited_book(tmp_path, "good.yaml", "2027-02-01")
     assert main(["prices", "publish", str(good), "--root", str(tmp_path)]) == 0
-    assert "no event emitted, no retrain triggered" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "no event emitted, no retrain triggered" in printed
+    # The next step it prints is the one the docs give (issue 40: it said `python -m flows.retrain`).
+    next_step = re.search(r"\(run `([^`]+)`\)", printed).group(1)
+    assert next_step == "make retrain" and f"\n{next_step} " in (REPO / "docs/operations/retrain.md").read_text()
     assert current_version(tmp_path / "data/published", PRICES).version == "2027-02-01"
 
     bad = yaml.safe_load(good.read_text())

@@ -49,9 +49,9 @@ def write(table: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def replay(table: Path, prices: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+def replay(table: Path, prices: Path, out: Path, *extra: str, mlflow: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "stages.cli", "replay", "--table", str(table), "--prices", str(prices), "--out", str(out),
-                           "--routers", "random", "oracle", "--seeds", "0", *extra],
+                           "--routers", "random", "oracle", "--seeds", "0", *extra, *([] if mlflow else ["--no-mlflow"])],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
@@ -203,3 +203,41 @@ def test_drop_overlap_scores_the_unseen_queries_and_records_how_many_were_droppe
     meta = __import__("json").loads(out.with_suffix(".meta.json").read_text())
     assert meta["drop_overlap"]["dropped_queries"] == 5 and meta["n_queries"] == 25
     assert "--drop-overlap" in meta["protocol"]
+
+
+@pytest.mark.slow
+def test_replay_of_a_semicolon_csv_is_an_mlflow_run_and_says_where_everything_went(files, monkeypatch):
+    """Issue 40: a `;`-separated CSV is read; the run is logged to MLflow (params, metrics, the
+    leaderboard as a table, the plot, the dataset inputs) and every output's place is printed."""
+    import mlflow
+
+    tmp, prices = files
+    db = tmp / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    monkeypatch.setenv("ROUTEROPS_ARTIFACT_ROOT", str(tmp / "artifacts"))
+    table = tmp / "semicolon.csv"
+    outcome_table().to_csv(table, sep=";", index=False)
+    out = tmp / "out" / "board.csv"
+    result = replay(table, prices, out, "--bootstrap", "0", mlflow=True)
+    assert result.returncode == 0, result.stderr
+    for path in (out, out.with_suffix(".curves.csv"), out.with_suffix(".meta.json"), out.with_suffix(".png")):
+        assert f" {path}\n" in result.stdout and path.is_file(), result.stdout
+    assert out.with_suffix(".png").stat().st_size > 1000
+    run_id = result.stdout.split("MLflow run   ")[1].split()[0]
+    assert f"mlflow ui --backend-store-uri sqlite:///{db}" in result.stdout  # not the demo's store: its own command
+
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    try:
+        run = mlflow.get_run(run_id)
+        assert run.info.run_name == "replay" and run.info.status == "FINISHED"
+        assert run.data.params["table"] == str(table) and run.data.params["protocol"] == "cross-fit k=5"
+        board = pd.read_csv(out).set_index("router")
+        assert run.data.metrics["aiq/oracle"] == pytest.approx(board.loc["oracle", "aiq"])
+        assert run.data.metrics["best_accuracy/single_strong"] == pytest.approx(0.75)
+        logged = {f.path for f in mlflow.MlflowClient().list_artifacts(run_id)}
+        assert {"leaderboard.json", "board.csv", "board.png", "board.meta.json"} <= logged
+        inputs = {(d.dataset.name, d.tags[0].value if d.tags else None) for d in run.inputs.dataset_inputs}
+        contexts = {tag.value for d in run.inputs.dataset_inputs for tag in d.tags if tag.key == "mlflow.data.context"}
+        assert {"scored", "price_book"} <= contexts, inputs
+    finally:
+        mlflow.set_tracking_uri(None)
