@@ -42,7 +42,8 @@ def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--tracking-uri", default=None,
                        help="MLflow store holding the registry (default: MLFLOW_TRACKING_URI, else params' track)")
     serve.add_argument("--local-server", action="store_true",
-                       help="start the embedded llama.cpp server for workers with endpoint 'local'")
+                       help="start the pool's servers that run on this machine: the embedded llama.cpp server "
+                            "(endpoint 'local') and a replay endpoint per 'replay:<table>'")
     # uvicorn's "auto" takes uvloop (libuv) and httptools (the C llhttp parser), both dependencies, over
     # asyncio's selector loop and the pure-Python h11 parser, which was most of the added latency that
     # remained (py-spy; benchmarks/gateway_overhead.py times both stacks in one run).
@@ -81,7 +82,8 @@ def create_key_command(args: argparse.Namespace) -> None:
 def serve_command(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from routerops.workers.server import local_llm_server
+    from routerops.pricing import load_pool
+    from routerops.workers.endpoints import ServedEndpoints, pool_endpoints
 
     if args.workers < 1:
         raise InputError("command line", "--workers", f"expected a number of processes ≥ 1, got {args.workers}")
@@ -92,8 +94,10 @@ def serve_command(args: argparse.Namespace) -> None:
     # own process group) was left running. As an exception, the block unwinds and stops it.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with contextlib.ExitStack() as stack:
-        if args.local_server and not fields["local_base_url"]:
-            fields["local_base_url"] = stack.enter_context(local_llm_server())
+        if args.local_server:  # the pool's servers that run here: llama.cpp ("local"), replay endpoints
+            given = ServedEndpoints.from_settings(fields["local_base_url"], fields["replay_urls"])
+            served = stack.enter_context(pool_endpoints(load_pool(fields["pool_file"]), given=given))
+            fields.update(local_base_url=served.local or "", replay_urls=served.replay_json())
         cfg = GatewayConfig(routers=tuple(args.routers), **fields)
         # httptools (a dependency) with each request's arrival in the kernel stamped (gateway/serving.py):
         # admission measures waits from it. h11 has no such stamp: waits count from the app's first sight.

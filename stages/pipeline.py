@@ -8,7 +8,6 @@ output hashes) that the track stage turns into one MLflow run per stage. `router
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -28,8 +27,7 @@ from routerops.pricing import check_pool_priced, derive_costs, load_pool, load_p
 from routerops.report import breakdown_by_split, evaluate_policies, write_report
 from routerops.rollout import plan_episodes
 from routerops.validation import validate_trajectories, write_validation_report
-from routerops.workers import build_workers, check_pool_runnable, run_closing
-from routerops.workers.server import local_llm_server
+from routerops.workers import ServedEndpoints, build_workers, check_pool_runnable, pool_endpoints, run_closing
 from stages.manifest import write_manifest
 
 
@@ -92,7 +90,7 @@ class ShardJob:
     shard: int
     n_shards: int
     run_id: str
-    base_url: str | None  # the LLM server the stage started (None: the pool names its own endpoints)
+    endpoints: ServedEndpoints  # the servers the stage started (llama.cpp, replay); plain strings
 
 
 def planned_parts(params: Params, pool, tasks: Path, run_id: str) -> dict[str, list]:
@@ -108,7 +106,7 @@ def collect_shard(params: Params, layout: Layout, tasks: Path, job: ShardJob) ->
     cfg = params.collect
     pool, book = load_pool(layout.resolve(params.pool.file)), load_price_book(layout.resolve(cfg.price_book))
     plan = planned_parts(params, pool, tasks, job.run_id)[job.label]
-    workers = build_workers(pool, job.base_url)
+    workers = build_workers(pool, job.endpoints)
     return run_closing(shards.collect_shard(
         plan, job.shard, job.n_shards, QAEnvironment(), workers, book, cfg.budget_usd,
         cfg.turn_limit, layout.journals / job.run_id / job.label, job.run_id, cfg.seed, cfg.concurrency,
@@ -125,7 +123,7 @@ def run_shards_here(params: Params, layout: Layout, tasks: Path, jobs: list[Shar
 def collect(params: Params, layout: Layout, tasks: Path,
             run_shards: Callable[..., None] = run_shards_here) -> Trajectories:
     """Run the collection plan against the pool, in `collect.shards` shards per part handed to
-    `run_shards`; starts the local LLM server when the pool uses it, for as long as they run."""
+    `run_shards`; starts the pool's LLM servers (llama.cpp, replay endpoints) for as long as they run."""
     cfg = params.collect
     pool_file, book_file = layout.resolve(params.pool.file), layout.resolve(cfg.price_book)
     pool, book = load_pool(pool_file), load_price_book(book_file)
@@ -134,10 +132,8 @@ def collect(params: Params, layout: Layout, tasks: Path,
     shards.check_shard_count(cfg.shards)
     run_id = collection_run_id(params, layout, tasks)
     plan = planned_parts(params, pool, tasks, run_id)
-    uses_local = any(w.kind == "llm" and w.endpoint == "local" for w in pool.workers)
-    server = local_llm_server(n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) if uses_local else None
-    with server or contextlib.nullcontext() as base_url:
-        run_shards(params, layout, tasks, [ShardJob(label, k, cfg.shards, run_id, base_url)
+    with pool_endpoints(pool, layout.root, n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) as endpoints:
+        run_shards(params, layout, tasks, [ShardJob(label, k, cfg.shards, run_id, endpoints)
                                            for label in plan for k in range(cfg.shards)])
     parts = [shards.merge_shards(part, cfg.shards, layout.journals / run_id / label, book, cfg.budget_usd,
                                  cfg.turn_limit) for label, part in plan.items()]

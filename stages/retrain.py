@@ -20,7 +20,6 @@ stage then prices every episode under the book in force now — costs always der
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,7 @@ from routerops.publishing import POOL, PRICES, copy_atomic, pool_changes, versio
 from routerops.publishing import in_force as file_in_force
 from routerops.rollout import JOURNAL_NAME, collect_sync, plan_episodes, read_journal
 from routerops.workers import build_workers
-from routerops.workers.server import local_llm_server
+from routerops.workers.endpoints import pool_endpoints
 from stages.manifest import write_manifest
 
 RETRAIN_STAGES = ["retire", "collect-grid", "reprice", "validate", "grid", "routers", "register"]
@@ -148,17 +147,16 @@ def collect_grid(params: Params, layout: Layout, tasks: Path, now: InForce) -> T
     cfg, pool = params.collect, load_pool(now.pool)
     chosen = [t for t in read_tasks(tasks) if t.split in grid_splits(params)]
     parts = worker_parts(params, layout, pool, chosen)
-    needs_server = any(p.missing and pool.worker(p.name).kind == "llm" and pool.worker(p.name).endpoint == "local"
-                       for p in parts)
-    server = local_llm_server(n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) if needs_server else None
+    # Only the servers of workers with episodes still to collect (a journal that is complete needs none).
+    needed = dataclasses.replace(pool, workers=tuple(pool.worker(p.name) for p in parts if p.missing))
     frames, collected = [], {}
-    with server or contextlib.nullcontext() as base_url:
+    with pool_endpoints(needed, layout.root, n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) as endpoints:
         for part in parts:
             book_file = collection_book(part, now)
             book = load_price_book(book_file)
             one = dataclasses.replace(pool, workers=(pool.worker(part.name),))
             check_pool_priced(one, book, book_file)
-            workers = build_workers(one, base_url) if part.missing else {}  # nothing to run: no client at all
+            workers = build_workers(one, endpoints) if part.missing else {}  # nothing to run: no client at all
             frames.append(collect_sync(chosen, part.policies, env=QAEnvironment(), workers=workers, book=book,
                                        budget_usd=cfg.budget_usd, turn_limit=cfg.turn_limit, out_dir=part.folder,
                                        run_id=part.signature, seed=cfg.seed, concurrency=cfg.concurrency,

@@ -38,6 +38,7 @@ VALUES = {"help", "command", "name", "format", "suite", "split", "limit", "split
           "budget_usd", "period", "host", "port", "local_server", "loop", "http",
           "router", "estimators", "direct_model", "gate", "gate_metric", "gate_estimator"}  # routerops ope
 VALUES |= {"local_base_url"}  # an endpoint's URL (gateway serve)
+VALUES |= {"replay_urls"}  # gateway serve: replay endpoints' URLs, a JSON object (checked by GatewayConfig)
 VALUES |= {"overrides"}  # routerops run --set KEY=VALUE
 REQUIRED_VALUES = {"budget_usd": "1", "routers": "some-router"}  # required options that take a value
 
