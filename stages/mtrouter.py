@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 class MTRouterRun:
     """params.yaml → mtrouter: the environment, data collection and evaluation of the small run."""
 
-    pool: str = "configs/pool.yaml"
+    pool: str = "configs/pools/embedded-smollm2.yaml"
     price_book: str = "configs/prices/current.yaml"
     id_types: list[str] = field(default_factory=lambda: ["find-plant", "boil"])
     ood_types: list[str] = field(default_factory=lambda: ["find-non-living-thing"])

@@ -19,7 +19,9 @@ import pandas as pd
 from routerops import schema, shards
 from routerops.config import Params
 from routerops.envs.qa import QAEnvironment
+from routerops.envs.replay import load_logged_outcomes
 from routerops.envs.suites import materialise_suites, read_tasks, write_tasks
+from routerops.envs.table_tasks import table_tasks
 from routerops.errors import InputError
 from routerops.layout import Layout, Trajectories
 from routerops.policies import SINGLE, behaviour_policies, policies_by_name
@@ -28,12 +30,26 @@ from routerops.report import breakdown_by_split, evaluate_policies, write_report
 from routerops.rollout import plan_episodes
 from routerops.validation import validate_trajectories, write_validation_report
 from routerops.workers import ServedEndpoints, build_workers, check_pool_runnable, pool_endpoints, run_closing
+from routerops.workers.endpoints import replay_tables
 from stages.manifest import write_manifest
 
 
-def materialise(params: Params, layout: Layout) -> Path:
-    """Generate the procedural QA suites (fixed seeds; one family held out as OOD)."""
-    return write_suites(params.materialise, layout.tasks, layout.manifests, "materialise")
+def materialise(params: Params, layout: Layout, outcomes: Path) -> Path:
+    """The tasks: the procedural QA suites (fixed seeds; one family held out as OOD), or with
+    `source: table` the questions of the logged-outcome table `outcomes` in one seeded split by query."""
+    cfg = params.materialise
+    if cfg.source == "suites":
+        return write_suites(cfg, layout.tasks, layout.manifests, "materialise")
+    if cfg.source != "table":
+        raise InputError("params.yaml", "materialise.source", f"expected 'suites' or 'table', got {cfg.source!r}")
+    answers = layout.resolve(cfg.answers)
+    tasks = table_tasks(load_logged_outcomes(outcomes), answers, {"train": cfg.train, "val": cfg.val,
+                                                                  "test": cfg.test}, cfg.seed)
+    write_tasks(tasks, layout.tasks)
+    counts = pd.Series([t.split for t in tasks]).value_counts().to_dict()
+    write_manifest(layout.manifests, "materialise", cfg, [outcomes, answers], [layout.tasks],
+                   {f"tasks_{k}": int(v) for k, v in counts.items()})
+    return layout.tasks
 
 
 def write_suites(cfg, path: Path, manifests: Path, stage: str) -> Path:
@@ -56,7 +72,9 @@ PLACEMENT_KEYS = ("shards", "dask_address", "dask_workers")
 def collection_run_id(params: Params, layout: Layout, tasks: Path) -> str:
     """Same inputs → same run id → same episode ids, so a rerun resumes instead of duplicating."""
     h = hashlib.sha256()
-    for path in (tasks, layout.resolve(params.pool.file), layout.resolve(params.collect.price_book)):
+    pool_file = layout.resolve(params.pool.file)
+    replayed = replay_tables(load_pool(pool_file), layout.root).values()  # the answers replay endpoints give
+    for path in (tasks, pool_file, layout.resolve(params.collect.price_book), *replayed):
         h.update(schema.file_sha256(path).encode())
     settings = {k: v for k, v in dataclasses.asdict(params.collect).items() if k not in PLACEMENT_KEYS}
     h.update(json.dumps(settings, sort_keys=True).encode())

@@ -77,7 +77,11 @@ def retrain_setup(params: Params, repo: Layout, now: InForce) -> tuple[Params, L
     """params.yaml with the pool and price book in force, and the retrain workspace's Layout."""
     params = dataclasses.replace(
         params, pool=dataclasses.replace(params.pool, file=str(now.pool)),
-        reprice=dataclasses.replace(params.reprice, price_book=str(now.price_book)))
+        reprice=dataclasses.replace(params.reprice, price_book=str(now.price_book)),
+        # The bundled data the `outcomes` and `materialise` stages read stay the repository's files.
+        replay=dataclasses.replace(params.replay, **{k: str(repo.resolve(getattr(params.replay, k)))
+                                                     for k in ("table", "contaminated", "fewshot")}),
+        materialise=dataclasses.replace(params.materialise, answers=str(repo.resolve(params.materialise.answers))))
     return params, Layout(repo.resolve(params.ops.workspace))
 
 

@@ -22,7 +22,7 @@ from stages import cli, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 BOOK = REPO / "configs/prices/current.yaml"
-POOL = REPO / "configs/pool.yaml"
+POOL = REPO / "configs/pools/embedded-smollm2.yaml"
 JUNK = b"\x00\xff\xfe not what this command reads {[\n"
 
 # Arguments that name where a command writes. --root is the Layout the stages write data/ and reports/
