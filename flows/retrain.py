@@ -1,7 +1,7 @@
 """The retrain flow: what the schedule, a published price book or a published pool starts
 (stages/retrain.py; deployed by flows/deployments.py, triggered by `routerops prices|pool publish`).
 
-in force → retire → outcomes → materialise → collect the grid (only what the journals lack) → reprice →
+in force → retire → materialise → collect the grid (only what the journals lack) → reprice →
 validate → grid → routers → register (gate on val) → track. A price-only change makes no LLM call; a
 pool change collects only the new or changed workers' episodes.
 
@@ -32,8 +32,8 @@ def retrain(params_file: str = "params.yaml", root: str = ".", trigger: str = "m
     now = TASKS["retrain-in-force"](params, repo, trigger)
     params, layout = retrain_setup(params, repo, now)
     retired = TASKS["retrain-retire"](params, layout, now)
-    outcomes = TASKS["outcomes"](params, layout, wait_for=[retired])
-    tasks = TASKS["materialise"](params, layout, outcomes)
+    # The main pipeline's logged-outcome table (its `outcomes` stage): read only with materialise.source "table".
+    tasks = TASKS["materialise"](params, layout, repo.replay_table, wait_for=[retired])
     raw = TASKS["retrain-collect-grid"](params, layout, tasks, now)
     priced = TASKS["reprice"](params, layout, raw)
     TASKS["validate"](params, layout, priced)

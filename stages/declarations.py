@@ -291,7 +291,7 @@ PIPELINES: dict[str, Pipeline] = {
     "critique-lm": Pipeline("the LM critique / CoRL controller, then registration (make critique-lm)", CRITIQUE_LM,
                             ("critique-lm", "critique-lm-register"), dvc_file="pipelines/critique/dvc.yaml"),
     "retrain": Pipeline("retrain on the published prices and pool, then the gate (make retrain)", MAIN,
-                        ("retrain-in-force", "retrain-retire", "outcomes", "materialise", "retrain-collect-grid", "reprice",
+                        ("retrain-in-force", "retrain-retire", "materialise", "retrain-collect-grid", "reprice",
                          "validate", "grid", "routers", "register", "retrain-track"),
                         flow="flows.retrain:retrain"),
 }

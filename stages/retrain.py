@@ -78,9 +78,7 @@ def retrain_setup(params: Params, repo: Layout, now: InForce) -> tuple[Params, L
     params = dataclasses.replace(
         params, pool=dataclasses.replace(params.pool, file=str(now.pool)),
         reprice=dataclasses.replace(params.reprice, price_book=str(now.price_book)),
-        # The bundled data the `outcomes` and `materialise` stages read stay the repository's files.
-        replay=dataclasses.replace(params.replay, **{k: str(repo.resolve(getattr(params.replay, k)))
-                                                     for k in ("table", "contaminated", "fewshot")}),
+        # The reference answers materialise reads stay the repository's file.
         materialise=dataclasses.replace(params.materialise, answers=str(repo.resolve(params.materialise.answers))))
     return params, Layout(repo.resolve(params.ops.workspace))
 
@@ -154,7 +152,8 @@ def collect_grid(params: Params, layout: Layout, tasks: Path, now: InForce) -> T
     # Only the servers of workers with episodes still to collect (a journal that is complete needs none).
     needed = dataclasses.replace(pool, workers=tuple(pool.worker(p.name) for p in parts if p.missing))
     frames, collected = [], {}
-    with pool_endpoints(needed, layout.root, n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) as endpoints:
+    # Replay tables are the repository's (the folder the retrain runs from), not the workspace's.
+    with pool_endpoints(needed, n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) as endpoints:
         for part in parts:
             book_file = collection_book(part, now)
             book = load_price_book(book_file)
