@@ -168,3 +168,14 @@ def test_a_replay_worker_whose_model_is_not_in_its_table_is_refused_before_any_s
     with pytest.raises(EndpointError, match="weak, strong"):
         with pool_endpoints(load_pool(tmp_path / "pool.yaml"), root=tmp_path):
             pass
+
+
+def test_the_gateway_refuses_replay_urls_that_are_not_a_json_object_of_replay_endpoints():
+    from gateway.app import GatewayConfig
+    from routerops.workers.endpoints import ServedEndpoints
+
+    with pytest.raises(InputError, match="replay_urls"):
+        GatewayConfig(routers=("r",), replay_urls='{"data/t.csv": "http://127.0.0.1:1/v1"}')  # no replay: scheme
+    served = ServedEndpoints(local="http://127.0.0.1:2/v1", replay=(("replay:t.csv", "http://127.0.0.1:3/v1"),))
+    again = ServedEndpoints.from_settings(served.local, served.replay_json())
+    assert again == served  # what `gateway serve --local-server` hands each process comes back whole
