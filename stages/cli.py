@@ -179,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.set_defaults(func="stages.replay_command:replay_command")
 
     add_publish_parsers(sub)
+    from stages.transfer_command import add_arena_parser  # the command's work is imported when it runs
+
+    add_arena_parser(sub)
     from stages.ope_command import add_ope_parser  # numpy only: the command's work is imported when it runs
 
     add_ope_parser(sub)

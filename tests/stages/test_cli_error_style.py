@@ -38,9 +38,10 @@ VALUES = {"help", "command", "name", "format", "suite", "split", "limit", "split
           "budget_usd", "period", "host", "port", "local_server", "loop", "http",
           "router", "estimators", "direct_model", "gate", "gate_metric", "gate_estimator"}  # routerops ope
 VALUES |= {"local_base_url"}  # an endpoint's URL (gateway serve)
+VALUES |= {"controller", "version", "map"}  # arena evaluate: a registered name, its version, worker pairs
 VALUES |= {"replay_urls"}  # gateway serve: replay endpoints' URLs, a JSON object (checked by GatewayConfig)
 VALUES |= {"overrides"}  # routerops run --set KEY=VALUE
-REQUIRED_VALUES = {"budget_usd": "1", "routers": "some-router"}  # required options that take a value
+REQUIRED_VALUES = {"budget_usd": "1", "routers": "some-router", "controller": "router-none"}  # required options that take a value
 
 
 def leaf_commands() -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
