@@ -37,6 +37,7 @@ def answers(url: str) -> bool:
 def test_sigterm_stops_the_gateway_and_the_local_llm_server_it_started(tmp_path):
     port = free_port()
     cmd = [sys.executable, "-m", "stages.cli", "gateway", "serve", "--router", "router-none", "--local-server",
+           "--pool-file", "configs/pools/embedded-smollm2.yaml",  # llama.cpp only: no replay table needed
            "--port", str(port), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
            "--db-url", f"sqlite:///{tmp_path / 'gateway.db'}"]
     log = open(tmp_path / "gateway.log", "wb")
