@@ -40,7 +40,7 @@ from routerops.publishing import POOL, PRICES, copy_atomic, pool_changes, versio
 from routerops.publishing import in_force as file_in_force
 from routerops.rollout import JOURNAL_NAME, collect_sync, plan_episodes, read_journal
 from routerops.workers import build_workers
-from routerops.workers.endpoints import pool_endpoints
+from routerops.workers.endpoints import pool_endpoints, uses_local
 from stages.manifest import write_manifest
 
 RETRAIN_STAGES = ["retire", "collect-grid", "reprice", "validate", "grid", "routers", "register"]
@@ -172,7 +172,7 @@ def collect_grid(params: Params, layout: Layout, tasks: Path, now: InForce) -> T
     schema.write_table(turns, raw.turns, "turns")
     metrics: dict[str, Any] = {"episodes": len(episodes), "episodes_collected": sum(collected.values()),
                                **{f"episodes_collected/{w}": n for w, n in collected.items()},
-                               "llm_server_started": float(needs_server)}
+                               "llm_server_started": float(uses_local(needed))}
     write_manifest(layout.manifests, "collect-grid", cfg, [tasks, now.pool], raw.paths(), metrics)
     return raw
 
