@@ -23,7 +23,6 @@ lower mean val USD, then the configured order). Nothing here reads a test or OOD
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -46,7 +45,7 @@ from routerops.report import to_markdown
 from routerops.rollout import collect
 from routerops.types import Task
 from routerops.workers import build_workers
-from routerops.workers.server import local_llm_server
+from routerops.workers.endpoints import pool_endpoints
 
 log = logging.getLogger(__name__)
 
@@ -135,12 +134,10 @@ def baseline_collection_plan(pool: Pool, tasks: Sequence[Task], seed: int) -> li
 def collect_baseline_episodes(plan: list[tuple[str, list[Task], list]], pool: Pool, book: PriceBook, out_dir: Path,
                               run_id: str, *, budget_usd: float, turn_limit: int, seed: int, concurrency: int,
                               server_ctx: int, server_threads: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Episodes and turns of the plan; starts the local llama.cpp server when the pool uses it.
+    """Episodes and turns of the plan; starts the pool's LLM servers (llama.cpp, replay) while it runs.
     out_dir/<split> holds each part's resumable journal."""
-    uses_local = any(w.kind == "llm" and w.endpoint == "local" for w in pool.workers)
-    server = local_llm_server(n_ctx=server_ctx, n_threads=server_threads) if uses_local else None
-    with server or contextlib.nullcontext() as base_url:
-        common = dict(env=QAEnvironment(), workers=build_workers(pool, base_url), book=book, budget_usd=budget_usd,
+    with pool_endpoints(pool, n_ctx=server_ctx, n_threads=server_threads) as endpoints:
+        common = dict(env=QAEnvironment(), workers=build_workers(pool, endpoints), book=book, budget_usd=budget_usd,
                       turn_limit=turn_limit, run_id=run_id, seed=seed, concurrency=concurrency)
         parts = asyncio.run(collect_parts(plan, out_dir, common))
     return (pd.concat([ep for ep, _ in parts], ignore_index=True),

@@ -1,4 +1,4 @@
-"""The main pipeline flow: materialise → collect → reprice → validate → evaluate → grid → routers →
+"""The main pipeline flow: outcomes → materialise → collect → reprice → validate → evaluate → grid → routers →
 register, replay (real model outcomes) → track.
 
 Run it with `python -m flows.pipeline` from the repository root (what `make demo` does). Each task
@@ -28,7 +28,8 @@ from tasks.stages import TASKS
 def pipeline(params_file: str = "params.yaml", root: str = ".", record_in_dvc: bool = True) -> Path:
     layout = Layout(Path(root))
     params = load_params(layout.resolve(params_file))
-    tasks = TASKS["materialise"](params, layout)
+    outcomes = TASKS["outcomes"](params, layout)
+    tasks = TASKS["materialise"](params, layout, outcomes)
     raw = TASKS["collect"](params, layout, tasks)
     priced = TASKS["reprice"](params, layout, raw)
     validation = TASKS["validate"](params, layout, priced)
@@ -36,7 +37,7 @@ def pipeline(params_file: str = "params.yaml", root: str = ".", record_in_dvc: b
     grid = TASKS["grid"](params, layout, priced, tasks)
     router_report = TASKS["routers"](params, layout, grid)
     registry = TASKS["register"](params, layout, grid, router_report)
-    replay_report = TASKS["replay"](params, layout)
+    replay_report = TASKS["replay"](params, layout, outcomes)
     runs = TASKS["track"](params, layout, registry, replay_report["leaderboard"], report["leaderboard"])
     if record_in_dvc:
         record_outputs_in_dvc(layout.root)

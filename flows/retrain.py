@@ -32,7 +32,8 @@ def retrain(params_file: str = "params.yaml", root: str = ".", trigger: str = "m
     now = TASKS["retrain-in-force"](params, repo, trigger)
     params, layout = retrain_setup(params, repo, now)
     retired = TASKS["retrain-retire"](params, layout, now)
-    tasks = TASKS["materialise"](params, layout, wait_for=[retired])
+    # The main pipeline's logged-outcome table (its `outcomes` stage): read only with materialise.source "table".
+    tasks = TASKS["materialise"](params, layout, repo.replay_table, wait_for=[retired])
     raw = TASKS["retrain-collect-grid"](params, layout, tasks, now)
     priced = TASKS["reprice"](params, layout, raw)
     TASKS["validate"](params, layout, priced)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -56,6 +57,7 @@ from gateway.upstream import BadUsage, Delivered, read_answer, usage_in, usage_o
 from routerops.errors import InputError, RouteropsError
 from routerops.pricing import Pool, PriceBook, check_pool_priced, load_pool, load_price_book
 from routerops.workers import build_workers
+from routerops.workers.endpoints import EndpointError, ServedEndpoints
 from routerops.workers.llm import api_key_for, chat_request
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,9 @@ class GatewayConfig:
     price_book: str = "configs/prices/current.yaml"  # costs, budgets and the cost headers use this book
     db_url: str = "sqlite:///gateway.db"  # keys, budgets, decisions; postgresql+psycopg://... works too
     local_base_url: str = ""  # where workers with endpoint "local" are served (the llama.cpp server)
+    # Where the pool's `replay:<table>` endpoints are served: a JSON object endpoint -> base URL
+    # (`--local-server` starts them and fills it; routerops/workers/endpoints.py).
+    replay_urls: str = ""
     watch_interval_s: float = 10.0  # how often the registry alias is polled for a new champion
     default_max_tokens: int = 256  # when neither the request nor the worker sets max_tokens
     max_tokens_cap: int = 4096  # the most a request may ask for (it bounds the worst-case cost)
@@ -126,6 +131,10 @@ class GatewayConfig:
                                  ("max_overhead_ms", self.max_overhead_ms, 0)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= low):
                 raise InputError("gateway config", name, f"expected a number ≥ {low}, got {value!r}")
+        try:
+            ServedEndpoints.from_settings(self.local_base_url, self.replay_urls)
+        except EndpointError as exc:
+            raise InputError("gateway config", "replay_urls", str(exc).removeprefix("replay_urls: ")) from None
         if not 0 <= self.epsilon <= 1:
             raise InputError("gateway config", "epsilon", f"expected a probability, got {self.epsilon!r}")
 
@@ -294,7 +303,7 @@ class Gateway:
         if runner is None or runner.served is not champion.router:
             if self._workers is None:
                 try:
-                    self._workers = build_workers(self.pool, self.cfg.local_base_url or None)
+                    self._workers = build_workers(self.pool, self.endpoints)
                 except RouteropsError as exc:
                     raise RequestError(503, f"the orchestrator's workers cannot run here: {exc}", "server_error") from exc
             runner = self._runners[champion.name] = OrchestraRunner(champion.router, self.pool, self.book, self._workers)
@@ -302,11 +311,18 @@ class Gateway:
 
     def base_url(self, worker: str) -> str:
         spec = self.pool.worker(worker)
-        base_url = self.cfg.local_base_url if spec.endpoint == "local" else spec.endpoint
-        if not base_url:
+        if spec.endpoint == "local" and not self.cfg.local_base_url:
             raise RequestError(503, f"worker {worker!r} is served locally but the gateway has no --local-base-url",
                                "server_error")
-        return base_url.rstrip("/")
+        try:
+            return self.endpoints.url_for(spec).rstrip("/")
+        except EndpointError as exc:
+            raise RequestError(503, str(exc), "server_error") from None
+
+    @functools.cached_property
+    def endpoints(self) -> ServedEndpoints:
+        """Where the pool's LLM workers are served (`local_base_url`, `replay_urls`)."""
+        return ServedEndpoints.from_settings(self.cfg.local_base_url, self.cfg.replay_urls)
 
     def client(self, worker: str) -> openai.AsyncOpenAI:
         """The worker's OpenAI client (streams), made once."""

@@ -93,7 +93,8 @@ def serve_command(args: argparse.Namespace) -> None:
     import contextlib
 
     from routerops.config import TrackConfig
-    from routerops.workers.server import local_llm_server
+    from routerops.pricing import load_pool
+    from routerops.workers.endpoints import ServedEndpoints, pool_endpoints
 
     tracking_uri = settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", TrackConfig().tracking_uri)
     # uvicorn shuts down on SIGTERM, then raises the signal again; with SIGTERM's default action that
@@ -102,10 +103,11 @@ def serve_command(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with contextlib.ExitStack() as stack:
         check_champions_registered(settings, tracking_uri)  # before a llama.cpp server starts for nothing
-        if settings.server.local_server and not settings.server.local_base_url:
-            url = stack.enter_context(local_llm_server())
+        if settings.server.local_server:  # the pool's servers that run here: llama.cpp ("local"), replay endpoints
+            given = ServedEndpoints.from_settings(settings.server.local_base_url, settings.server.replay_urls)
+            served = stack.enter_context(pool_endpoints(load_pool(settings.pool), given=given))
             settings = settings.model_copy(update={"server": settings.server.model_copy(
-                update={"local_base_url": url})})
+                update={"local_base_url": served.local or "", "replay_urls": served.replay_json()})})
         run_server(settings, tracking_uri, stack)
 
 

@@ -85,8 +85,13 @@ class Server(Section):
     loop: Literal["auto", "uvloop", "asyncio"] = Field("auto", description="event loop")
     http: Literal["auto", "httptools", "h11"] = Field("auto", description="HTTP parser")
     watch_interval_s: float = Field(10.0, ge=0.01, description="how often the registry's champion alias is polled")
-    local_server: bool = Field(False, description="start the embedded llama.cpp server for workers with endpoint 'local'")
+    local_server: bool = Field(False, description=(
+        "start the pool's servers that run on this machine: the embedded llama.cpp server (endpoint 'local') "
+        "and a replay endpoint per 'replay:<table>' (routerops/workers/endpoints.py)"))
     local_base_url: str = Field("", description="where workers with endpoint 'local' are served, if already running")
+    replay_urls: str = Field("", description=(
+        "where the pool's replay endpoints are served, if already running: a JSON object "
+        "{\"replay:<table>\": \"http://host:port/v1\"}"))
 
 
 class DecisionLog(Section):
@@ -129,6 +134,7 @@ class GatewaySettings(Section):
         d, lim = self.defaults, self.limits
         return {"routers": tuple(self.routers), "pool_file": self.pool, "price_book": self.price_book,
                 "db_url": self.database, "local_base_url": self.server.local_base_url,
+                "replay_urls": self.server.replay_urls,
                 "watch_interval_s": self.server.watch_interval_s, "default_max_tokens": d.max_tokens,
                 "max_tokens_cap": lim.max_tokens_cap, "cost_weight": d.cost_weight, "epsilon": d.epsilon,
                 "log_texts": self.decision_log.texts, "log_embeddings": self.decision_log.embeddings,
@@ -158,7 +164,8 @@ FLAGS: dict[str, dict[str, str]] = {
                "key-requests-per-s": "limits.key_requests_per_s", "max-connections": "limits.max_connections"},
     "server": {"host": "server.host", "port": "server.port", "workers": "server.workers", "loop": "server.loop",
                "http": "server.http", "watch-interval-s": "server.watch_interval_s",
-               "local-server": "server.local_server", "local-base-url": "server.local_base_url"},
+               "local-server": "server.local_server", "local-base-url": "server.local_base_url",
+               "replay-urls": "server.replay_urls"},
     "decision log and observability": {
         "log-texts": "decision_log.texts", "log-embeddings": "decision_log.embeddings",
         "metrics-key-labels": "observability.key_labels", "otlp-endpoint": "observability.otlp_endpoint"},
@@ -166,7 +173,7 @@ FLAGS: dict[str, dict[str, str]] = {
 
 
 METAVARS = {"router": "NAME", "pool-file": "FILE", "price-book": "FILE", "db-url": "URL", "tracking-uri": "URI",
-            "host": "HOST", "local-base-url": "URL", "otlp-endpoint": "URL"}
+            "host": "HOST", "local-base-url": "URL", "replay-urls": "JSON", "otlp-endpoint": "URL"}
 
 
 def field_of(path: str) -> Any:

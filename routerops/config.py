@@ -27,13 +27,18 @@ class PoolConfig:
 
 @dataclass(frozen=True)
 class MaterialiseConfig:
+    # "suites": reasoning-gym's families below; "table": the questions of the replay table (the
+    # `outcomes` stage's data/replay/routellm_gsm8k.parquet), one seeded split by query, scored by
+    # math-verify against `answers` (routerops/envs/table_tasks.py). The default pool's tasks.
+    source: str = "suites"
     families: list[str] = field(default_factory=lambda: ["basic_arithmetic", "chain_sum", "gcd", "lcm"])
     ood_families: list[str] = field(default_factory=lambda: ["decimal_chain_sum"])  # only in split "ood"
-    train: int = 6  # tasks per in-distribution family, per split
+    train: int = 6  # tasks per in-distribution family, per split ("table": queries per split)
     val: int = 2
     test: int = 4
-    ood: int = 6  # tasks per held-out family
+    ood: int = 6  # tasks per held-out family ("table": none, the table has no held-out family)
     seed: int = 7
+    answers: str = "datasets/gsm8k/test_answers.jsonl"  # "table": reference answer per query id
 
 
 @dataclass(frozen=True)

@@ -211,11 +211,13 @@ def _parse_worker(path: Path, raw: Any, where_item: str) -> WorkerSpec:
     if not isinstance(kind, str) or kind not in WORKER_KINDS:
         raise InputError(path, where + "kind", f"{_clip(kind)} is not one of {WORKER_KINDS}")
     prims = _require(path, raw, "primitives", where)
-    if not isinstance(prims, list) or not prims:
-        raise InputError(path, where + "primitives", "expected a non-empty list")
     extra = raw.get("subtask_primitives", []) or []
     if not isinstance(extra, list):
         raise InputError(path, where + "subtask_primitives", "expected a list")
+    # Empty only for a worker the orchestrator alone calls (a tool as a subtask primitive): flat
+    # routers then never pick it for a whole task.
+    if not isinstance(prims, list) or not (prims or extra):
+        raise InputError(path, where + "primitives", "expected a non-empty list (or subtask_primitives)")
     for field_name, names in (("primitives", prims), ("subtask_primitives", extra)):
         for j, item in enumerate(names):
             if not isinstance(item, str):

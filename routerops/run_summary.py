@@ -67,6 +67,35 @@ def champion_lines(registry: Path) -> list[str]:
     return lines
 
 
+def serve_lines(layout: Layout, params_file: str = "params.yaml") -> list[str]:
+    """How to call the champion just registered: a key, the gateway (with the pool's replay endpoints
+    and llama.cpp server started), five lines of the openai SDK asking a test question of the table
+    (a replay endpoint answers only its logged questions). Empty when no champion was promoted."""
+    from routerops.config import load_params
+
+    report = json.loads(layout.registry_report.read_text())
+    if not report.get("decision", {}).get("promote") or not layout.tasks.is_file():
+        return []
+    params = load_params(layout.resolve(params_file), sections=("pool", "reprice", "track"))
+    tracking = os.environ.get("MLFLOW_TRACKING_URI") or params.track.tracking_uri
+    question = next((t["prompt"] for t in map(json.loads, layout.tasks.read_text().splitlines())
+                     if t.get("split") == "test"), "What is 6 times 7?")
+    return [
+        "Serve the champion (a key, then the gateway; it starts the pool's replay endpoints and llama.cpp):",
+        "  routerops gateway keys create --budget-usd 1 --name demo   # prints the api_key once",
+        f"  routerops gateway serve --router {report.get('name')} --local-server --pool-file {params.pool.file} "
+        f"--price-book {params.reprice.price_book} --tracking-uri {tracking} --port 8000",
+        "Then, with ROUTEROPS_API_KEY set to that key (Python, openai SDK):",
+        "  import os, openai",
+        "  client = openai.OpenAI(base_url=\"http://127.0.0.1:8000/v1\", api_key=os.environ[\"ROUTEROPS_API_KEY\"])",
+        f"  raw = client.chat.completions.with_raw_response.create(model=\"auto\", messages=[{{\"role\": \"user\", "
+        f"\"content\": {json.dumps(question)}}}])",
+        "  print(raw.parse().choices[0].message.content)",
+        "  print({k: v for k, v in raw.headers.items() if k.startswith(\"x-routerops\")})",
+        "",
+    ]
+
+
 def pipeline_summary(layout: Layout, log_file: Path | None = None, elapsed_s: float | None = None,
                      top: int = 5) -> str:
     """The main pipeline's closing summary, from the reports under `layout`."""
@@ -79,6 +108,7 @@ def pipeline_summary(layout: Layout, log_file: Path | None = None, elapsed_s: fl
                   *rows, ""]
     if layout.registry_report.is_file():
         lines += ["Registered router:", *champion_lines(layout.registry_report), ""]
+        lines += serve_lines(layout)
     reports = [p for p in (layout.replay_dir / "leaderboard.md", layout.replay_dir / "accuracy_cost.png",
                            layout.routers_dir / "leaderboard.md", layout.routers_dir / "accuracy_cost.png",
                            layout.eval_dir / "leaderboard.md", layout.eval_dir / "accuracy_cost.png",

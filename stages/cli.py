@@ -1,6 +1,6 @@
 """Command line: `routerops run PIPELINE [--set KEY=VALUE]` (a whole pipeline; stages/run_command.py),
 `routerops stage NAME` (any stage of any pipeline; what dvc.yaml runs), `routerops dvc-yaml` (stages/dvc_yaml.py),
-`routerops replay`, `routerops reprice`, `routerops validate`, `routerops import-qa`,
+`routerops replay`, `routerops replay serve` (routerops/workers/replay_endpoint.py), `routerops reprice`, `routerops validate`, `routerops import-qa`,
 `routerops import-routellm`, `routerops import-llmrouter`, `routerops prices|pool publish FILE`, `routerops ope` (stages/ope_command.py),
 `routerops register` (stages/register_command.py),
 `routerops gateway serve|keys create|list|revoke|set-budget|spend` (gateway/cli.py).
@@ -174,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="assumed completion tokens per call (none were logged)")
     llmrouter.set_defaults(func="stages.data_commands:import_llmrouter_command", input_files=("json", "candidates"))
 
-    replay = sub.add_parser("replay", help="router leaderboard on a logged-outcomes table (no live call)")
+    replay = sub.add_parser("replay", help="router leaderboard on a logged-outcomes table (no live call); "
+                                           "`routerops replay serve --table T` serves its responses as endpoints")
     replay.add_argument("--table", required=True, help="logged outcomes the routers are scored on")
     replay.add_argument("--train-table", help="fit every router on this table instead (e.g. other data)")
     replay.add_argument("--split-column", help="fit on rows whose column is --train-split, score the rest")
@@ -201,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_register_parser(sub)
     add_publish_parsers(sub)
+    from stages.transfer_command import add_arena_parser  # the command's work is imported when it runs
+
+    add_arena_parser(sub)
     from stages.ope_command import add_ope_parser  # numpy only: the command's work is imported when it runs
 
     add_ope_parser(sub)
@@ -212,9 +216,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def replay_serve_parser() -> argparse.ArgumentParser:
+    """`routerops replay serve`: a logged-outcome table with responses as OpenAI-compatible endpoints
+    (routerops/workers/replay_endpoint.py). Its own parser: `routerops replay --table ...` is the
+    leaderboard, whose flags it does not share."""
+    from routerops.workers.replay_endpoint import add_serve_arguments
+
+    parser = OneLineParser(prog="routerops replay serve",
+                           description="serve a logged-outcome table's responses over the OpenAI chat API")
+    add_serve_arguments(parser).set_defaults(command="replay-serve", func="stages.cli:replay_serve_command")
+    return parser
+
+
+def replay_serve_command(args: argparse.Namespace) -> None:
+    from routerops.workers.replay_endpoint import serve
+
+    serve(args.table, args.host, args.port, args.latency)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["replay", "serve"]:
+        parser = replay_serve_parser()
+        args, unknown = parser.parse_args(argv[2:]), []
+    else:
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
     if not (args.command == "run" and PIPELINES[args.name].flow):  # a flow logs through Prefect's console
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # and run_log
     if args.command == "gateway":  # its options belong to gateway/cli.py's parser

@@ -71,17 +71,28 @@ CRITIQUE_LM = "models.critique.lm_config:load_critique_lm_config"
 ORCH_RUN = ("orchestra.pool", "orchestra.price_book", "orchestra.budget_usd", "orchestra.turn_limit", "orchestra.prompt")
 ORCH_LM = ("orchestra.anonymize_workers", "orchestra.evaluation", "orchestra.model", "orchestra.controller")
 POOL_AND_PRICES = ("configs/pool.yaml", "configs/prices/current.yaml")
+# The MTRouter and orchestrator pipelines run on the embedded pool (params.yaml mtrouter.pool, orchestra.pool).
+EMBEDDED_POOL_AND_PRICES = ("configs/pools/embedded-smollm2.yaml", "configs/prices/current.yaml")
 
 STAGES: dict[str, Stage] = {
     # --- the main pipeline (dvc.yaml, flows/pipeline.py) ---
-    "materialise": Stage("stages.pipeline:materialise", MAIN, lambda L: (), dvc=Dvc(
-        deps=("routerops/envs/suites.py",), params=("materialise",), outs=("data/suites/tasks.jsonl",))),
+    # RouteLLM's logged GSM8K answers, imported once: the default pool's replay endpoints serve them,
+    # materialise draws the tasks from their questions, replay ranks the routers on them.
+    "outcomes": Stage("stages.replay:import_outcomes", MAIN, lambda L: (), dvc=Dvc(
+        deps=("datasets/routellm", "datasets/gsm8k/train_first8.jsonl", "routerops/envs/replay.py"),
+        params=("replay.table", "replay.contaminated", "replay.fewshot"),
+        outs=("data/replay/routellm_gsm8k.parquet",))),
+    "materialise": Stage("stages.pipeline:materialise", MAIN, lambda L: (L.replay_table,), dvc=Dvc(
+        deps=("data/replay/routellm_gsm8k.parquet", "datasets/gsm8k/test_answers.jsonl", "routerops/envs/suites.py",
+              "routerops/envs/table_tasks.py"),
+        params=("materialise",), outs=("data/suites/tasks.jsonl",))),
     # Collection talks to live endpoints; the engine retries single calls, and a rerun of the task
     # resumes from its journals, so retrying the whole task is safe and never duplicates an episode.
     # Its dependency is the *collection* price book (budgets are enforced under it); only reprice and
     # what follows depend on the evaluation price book, so a price change makes no LLM call.
     "collect": Stage("stages.pipeline:collect", MAIN, lambda L: (L.tasks,), retries=2, retry_delay_seconds=5, dvc=Dvc(
         deps=("data/suites/tasks.jsonl", "configs/pool.yaml", "configs/prices/collection-2026-11.yaml",
+              "data/replay/routellm_gsm8k.parquet",  # the answers the pool's replay endpoints give
               "routerops/rollout.py", "routerops/shards.py", "routerops/policies.py", "routerops/envs/qa.py",
               "stages/pipeline.py"),
         params=("collect", "pool", "evaluate.splits"), outs=("data/raw/episodes.parquet", "data/raw/turns.parquet"))),
@@ -114,11 +125,11 @@ STAGES: dict[str, Stage] = {
         deps=("data/grid/outcomes.parquet", "reports/routers/leaderboard.csv", "evaluation/registry.py",
               *POOL_AND_PRICES),
         params=("register", "pool", "reprice"), outs=(uncached("reports/registry.json"),))),
-    "replay": Stage("stages.replay:replay", MAIN, lambda L: (), dvc=Dvc(
-        deps=("datasets/routellm", "datasets/gsm8k/train_first8.jsonl", "configs/prices/routellm-2024.yaml", "models",
+    "replay": Stage("stages.replay:replay", MAIN, lambda L: (L.replay_table,), dvc=Dvc(
+        deps=("data/replay/routellm_gsm8k.parquet", "configs/prices/routellm-2024.yaml", "models",
               "evaluation/replay.py"),
         params=("replay",),
-        outs=("data/replay/routellm_gsm8k.parquet", uncached("reports/replay/leaderboard.csv"),
+        outs=(uncached("reports/replay/leaderboard.csv"),
               uncached("reports/replay/leaderboard.md"), uncached("reports/replay/curves.csv"),
               uncached("reports/replay/accuracy_cost.png")),
         metrics=(uncached("reports/replay/metrics.json"),))),
@@ -152,7 +163,7 @@ STAGES: dict[str, Stage] = {
     # --- MTRouter (pipelines/mtrouter/dvc.yaml, flows/mtrouter.py) ---
     # Rollouts through live workers; a rerun resumes, so one retry never duplicates an episode.
     "mtrouter-collect": Stage("stages.mtrouter:collect", MT, lambda L: (), retries=1, retry_delay_seconds=5, dvc=Dvc(
-        deps=(*POOL_AND_PRICES, "routerops/envs/scienceworld_env.py", "routerops/rollout.py"),
+        deps=(*EMBEDDED_POOL_AND_PRICES, "routerops/envs/scienceworld_env.py", "routerops/rollout.py"),
         params=("mtrouter",), outs=("data/mtrouter/tasks.jsonl", "data/mtrouter/train"))),
     "mtrouter-ablations": Stage("stages.mtrouter:ablations", MT, lambda L: (L.mtrouter_tasks, L.mtrouter_train), dvc=Dvc(
         deps=("data/mtrouter/tasks.jsonl", "data/mtrouter/train", "models/mtrouter"),
@@ -180,7 +191,7 @@ STAGES: dict[str, Stage] = {
     # Rolls single workers and the random router out through live workers; a rerun resumes from the journal.
     "orchestra-baselines": Stage("stages.orchestra.data:baselines", ORCH, lambda L: (L.orchestra_tasks,),
                                  retries=1, retry_delay_seconds=5, dvc=Dvc(
-        deps=("data/orchestra/tasks.jsonl", *POOL_AND_PRICES, "evaluation/baselines.py", "models",
+        deps=("data/orchestra/tasks.jsonl", *EMBEDDED_POOL_AND_PRICES, "evaluation/baselines.py", "models",
               "routerops/envs/qa.py", "routerops/rollout.py"),
         params=(*ORCH_RUN, "orchestra.baselines"),
         outs=("data/orchestra/baselines", uncached("reports/orchestra/baselines.csv"),
@@ -188,13 +199,13 @@ STAGES: dict[str, Stage] = {
     # The teacher calls live workers; a rerun resumes from its journal, so a retry never duplicates an episode.
     "orchestra-teacher": Stage("stages.orchestra.teacher:teacher", ORCH, lambda L: (L.orchestra_tasks,),
                                retries=1, retry_delay_seconds=5, dvc=Dvc(
-        deps=("data/orchestra/tasks.jsonl", *POOL_AND_PRICES, "routerops/orchestra"),
+        deps=("data/orchestra/tasks.jsonl", *EMBEDDED_POOL_AND_PRICES, "routerops/orchestra"),
         params=(*ORCH_RUN, "orchestra.teacher"),
         outs=("data/orchestra/teacher/episodes.parquet", "data/orchestra/teacher/turns.parquet"))),
     # The LM controller's rollouts call live workers and resume from their journal: a retry never duplicates.
     "orchestra-probe": Stage("stages.orchestra.sft:probe", ORCH, lambda L: (L.orchestra_tasks,),
                              retries=1, retry_delay_seconds=5, dvc=Dvc(
-        deps=("data/orchestra/tasks.jsonl", *POOL_AND_PRICES, "models/orchestrator", "routerops/orchestra"),
+        deps=("data/orchestra/tasks.jsonl", *EMBEDDED_POOL_AND_PRICES, "models/orchestrator", "routerops/orchestra"),
         params=(*ORCH_RUN, "orchestra.anonymize_workers", "orchestra.teacher.splits", "orchestra.evaluation",
                 "orchestra.model", "orchestra.controller"),
         outs=("data/orchestra/probe/episodes.parquet", "data/orchestra/probe/turns.parquet"))),
@@ -217,7 +228,7 @@ STAGES: dict[str, Stage] = {
     # redo the steps since that checkpoint with new samples, which is correct but costs their time twice).
     "orchestra-rl": Stage("stages.orchestra.rl:rl", ORCH, lambda L: (L.orchestra_rl_tasks, L.orchestra_adapter), dvc=Dvc(
         deps=("data/orchestra/tasks.jsonl", "data/orchestra/curriculum/rl_tasks.jsonl",
-              "data/orchestra/curriculum/sft.jsonl", "data/orchestra/sft/adapter", *POOL_AND_PRICES,
+              "data/orchestra/curriculum/sft.jsonl", "data/orchestra/sft/adapter", *EMBEDDED_POOL_AND_PRICES,
               "models/orchestrator", "routerops/orchestra"),
         params=(*ORCH_RUN, *ORCH_LM, "orchestra.rl"),
         outs=("data/orchestra/rl/adapter", "data/orchestra/rl/rl_result.json", uncached("reports/orchestra/rl_curves.png")),
@@ -228,7 +239,7 @@ STAGES: dict[str, Stage] = {
                                 lambda L: (L.orchestra_tasks, L.orchestra_adapter, L.orchestra_rl_adapter,
                                            L.orchestra_baselines_table), retries=1, retry_delay_seconds=5, dvc=Dvc(
         deps=("data/orchestra/tasks.jsonl", "data/orchestra/sft/adapter", "data/orchestra/rl/adapter",
-              "reports/orchestra/baselines.csv", *POOL_AND_PRICES, "evaluation/orchestra_results.py",
+              "reports/orchestra/baselines.csv", *EMBEDDED_POOL_AND_PRICES, "evaluation/orchestra_results.py",
               "models/orchestrator", "routerops/orchestra"),
         params=(*ORCH_RUN, *ORCH_LM, "orchestra.rl"),
         outs=("data/orchestra/eval/episodes.parquet", "data/orchestra/eval/turns.parquet",
@@ -236,7 +247,7 @@ STAGES: dict[str, Stage] = {
     "orchestra-register": Stage("stages.orchestra.register:register", ORCH,
                                 lambda L: (L.orchestra_tasks, L.orchestra_rl_adapter, L.orchestra_results), dvc=Dvc(
         deps=("data/orchestra/tasks.jsonl", "data/orchestra/rl/adapter", "reports/orchestra/results.csv",
-              *POOL_AND_PRICES),
+              *EMBEDDED_POOL_AND_PRICES),
         params=(*ORCH_RUN, *ORCH_LM, "orchestra.gate"),
         outs=(uncached("reports/orchestra/registry.json"),))),
 
@@ -261,7 +272,7 @@ class Pipeline:
 
 PIPELINES: dict[str, Pipeline] = {
     "main": Pipeline("collect → validate → evaluate → routers → register → replay → track (make demo)", MAIN,
-                     ("materialise", "collect", "reprice", "validate", "evaluate", "grid", "routers", "register",
+                     ("outcomes", "materialise", "collect", "reprice", "validate", "evaluate", "grid", "routers", "register",
                       "replay", "track"),
                      flow="flows.pipeline:run_with_summary", dvc_file="dvc.yaml"),
     "mtrouter": Pipeline("MTRouter on ScienceWorld (paper 001; make mtrouter)", MT,

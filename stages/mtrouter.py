@@ -8,7 +8,6 @@ run). Routers train on the train and val tasks only; ID test and OOD are only ro
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import shutil
@@ -42,7 +41,7 @@ from routerops.report import to_markdown
 from routerops.rollout import collect_sync
 from routerops.types import EpisodeState
 from routerops.workers import build_workers
-from routerops.workers.server import local_llm_server
+from routerops.workers.endpoints import pool_endpoints
 from stages.manifest import write_manifest
 
 log = logging.getLogger(__name__)
@@ -52,7 +51,7 @@ log = logging.getLogger(__name__)
 class MTRouterRun:
     """params.yaml → mtrouter: the environment, data collection and evaluation of the small run."""
 
-    pool: str = "configs/pool.yaml"
+    pool: str = "configs/pools/embedded-smollm2.yaml"
     price_book: str = "configs/prices/current.yaml"
     id_types: list[str] = field(default_factory=lambda: ["find-plant", "boil"])
     ood_types: list[str] = field(default_factory=lambda: ["find-non-living-thing"])
@@ -114,9 +113,8 @@ def rollouts(run: MTRouterRun, tasks: list, policies: list, out_dir: Path, seed:
     """Episodes of `policies` on `tasks` against the pool (the local server when the pool uses it);
     `out_dir` holds the resumable journal and the two tables."""
     pool, book = llm_pool(run), load_price_book(run.price_book)
-    uses_local = any(w.endpoint == "local" for w in pool.workers)
-    with local_llm_server() if uses_local else contextlib.nullcontext() as base_url:
-        workers = build_workers(pool, base_url)
+    with pool_endpoints(pool) as endpoints:
+        workers = build_workers(pool, endpoints)
         return collect_sync(tasks, policies, env=ScienceWorldEnvironment(), workers=workers, book=book,
                             budget_usd=run.budget_usd, turn_limit=run.turn_limit, out_dir=out_dir,
                             run_id="mtrouter", seed=seed, concurrency=run.concurrency)

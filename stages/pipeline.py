@@ -8,7 +8,6 @@ output hashes) that the track stage turns into one MLflow run per stage. `router
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -20,7 +19,9 @@ import pandas as pd
 from routerops import schema, shards
 from routerops.config import Params
 from routerops.envs.qa import QAEnvironment
+from routerops.envs.replay import load_logged_outcomes
 from routerops.envs.suites import materialise_suites, read_tasks, write_tasks
+from routerops.envs.table_tasks import table_tasks
 from routerops.errors import InputError
 from routerops.layout import Layout, Trajectories
 from routerops.policies import SINGLE, behaviour_policies, policies_by_name
@@ -28,14 +29,27 @@ from routerops.pricing import check_pool_priced, derive_costs, load_pool, load_p
 from routerops.report import breakdown_by_split, evaluate_policies, write_report
 from routerops.rollout import plan_episodes
 from routerops.validation import validate_trajectories, write_validation_report
-from routerops.workers import build_workers, check_pool_runnable, run_closing
-from routerops.workers.server import local_llm_server
+from routerops.workers import ServedEndpoints, build_workers, check_pool_runnable, pool_endpoints, run_closing
+from routerops.workers.endpoints import replay_tables
 from stages.manifest import write_manifest
 
 
-def materialise(params: Params, layout: Layout) -> Path:
-    """Generate the procedural QA suites (fixed seeds; one family held out as OOD)."""
-    return write_suites(params.materialise, layout.tasks, layout.manifests, "materialise")
+def materialise(params: Params, layout: Layout, outcomes: Path) -> Path:
+    """The tasks: the procedural QA suites (fixed seeds; one family held out as OOD), or with
+    `source: table` the questions of the logged-outcome table `outcomes` in one seeded split by query."""
+    cfg = params.materialise
+    if cfg.source == "suites":
+        return write_suites(cfg, layout.tasks, layout.manifests, "materialise")
+    if cfg.source != "table":
+        raise InputError("params.yaml", "materialise.source", f"expected 'suites' or 'table', got {cfg.source!r}")
+    answers = layout.resolve(cfg.answers)
+    tasks = table_tasks(load_logged_outcomes(outcomes), answers, {"train": cfg.train, "val": cfg.val,
+                                                                  "test": cfg.test}, cfg.seed)
+    write_tasks(tasks, layout.tasks)
+    counts = pd.Series([t.split for t in tasks]).value_counts().to_dict()
+    write_manifest(layout.manifests, "materialise", cfg, [outcomes, answers], [layout.tasks],
+                   {f"tasks_{k}": int(v) for k, v in counts.items()})
+    return layout.tasks
 
 
 def write_suites(cfg, path: Path, manifests: Path, stage: str) -> Path:
@@ -58,7 +72,9 @@ PLACEMENT_KEYS = ("shards", "dask_address", "dask_workers")
 def collection_run_id(params: Params, layout: Layout, tasks: Path) -> str:
     """Same inputs → same run id → same episode ids, so a rerun resumes instead of duplicating."""
     h = hashlib.sha256()
-    for path in (tasks, layout.resolve(params.pool.file), layout.resolve(params.collect.price_book)):
+    pool_file = layout.resolve(params.pool.file)
+    replayed = replay_tables(load_pool(pool_file), layout.root).values()  # the answers replay endpoints give
+    for path in (tasks, pool_file, layout.resolve(params.collect.price_book), *replayed):
         h.update(schema.file_sha256(path).encode())
     settings = {k: v for k, v in dataclasses.asdict(params.collect).items() if k not in PLACEMENT_KEYS}
     h.update(json.dumps(settings, sort_keys=True).encode())
@@ -92,7 +108,7 @@ class ShardJob:
     shard: int
     n_shards: int
     run_id: str
-    base_url: str | None  # the LLM server the stage started (None: the pool names its own endpoints)
+    endpoints: ServedEndpoints  # the servers the stage started (llama.cpp, replay); plain strings
 
 
 def planned_parts(params: Params, pool, tasks: Path, run_id: str) -> dict[str, list]:
@@ -108,7 +124,7 @@ def collect_shard(params: Params, layout: Layout, tasks: Path, job: ShardJob) ->
     cfg = params.collect
     pool, book = load_pool(layout.resolve(params.pool.file)), load_price_book(layout.resolve(cfg.price_book))
     plan = planned_parts(params, pool, tasks, job.run_id)[job.label]
-    workers = build_workers(pool, job.base_url)
+    workers = build_workers(pool, job.endpoints)
     return run_closing(shards.collect_shard(
         plan, job.shard, job.n_shards, QAEnvironment(), workers, book, cfg.budget_usd,
         cfg.turn_limit, layout.journals / job.run_id / job.label, job.run_id, cfg.seed, cfg.concurrency,
@@ -125,7 +141,7 @@ def run_shards_here(params: Params, layout: Layout, tasks: Path, jobs: list[Shar
 def collect(params: Params, layout: Layout, tasks: Path,
             run_shards: Callable[..., None] = run_shards_here) -> Trajectories:
     """Run the collection plan against the pool, in `collect.shards` shards per part handed to
-    `run_shards`; starts the local LLM server when the pool uses it, for as long as they run."""
+    `run_shards`; starts the pool's LLM servers (llama.cpp, replay endpoints) for as long as they run."""
     cfg = params.collect
     pool_file, book_file = layout.resolve(params.pool.file), layout.resolve(cfg.price_book)
     pool, book = load_pool(pool_file), load_price_book(book_file)
@@ -134,10 +150,8 @@ def collect(params: Params, layout: Layout, tasks: Path,
     shards.check_shard_count(cfg.shards)
     run_id = collection_run_id(params, layout, tasks)
     plan = planned_parts(params, pool, tasks, run_id)
-    uses_local = any(w.kind == "llm" and w.endpoint == "local" for w in pool.workers)
-    server = local_llm_server(n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) if uses_local else None
-    with server or contextlib.nullcontext() as base_url:
-        run_shards(params, layout, tasks, [ShardJob(label, k, cfg.shards, run_id, base_url)
+    with pool_endpoints(pool, layout.root, n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) as endpoints:
+        run_shards(params, layout, tasks, [ShardJob(label, k, cfg.shards, run_id, endpoints)
                                            for label in plan for k in range(cfg.shards)])
     parts = [shards.merge_shards(part, cfg.shards, layout.journals / run_id / label, book, cfg.budget_usd,
                                  cfg.turn_limit) for label, part in plan.items()]

@@ -23,7 +23,6 @@ stage then prices every episode under the book in force now — costs always der
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +44,7 @@ from routerops.publishing import POOL, PRICES, copy_atomic, pool_changes, versio
 from routerops.publishing import in_force as file_in_force
 from routerops.rollout import JOURNAL_NAME, append_journal, collect_sync, plan_episodes, read_journal
 from routerops.workers import build_workers
-from routerops.workers.server import local_llm_server
+from routerops.workers.endpoints import pool_endpoints, uses_local
 from stages.manifest import write_manifest
 
 RETRAIN_STAGES = ["retire", "collect-grid", "reprice", "validate", "grid", "routers", "register"]
@@ -83,7 +82,9 @@ def retrain_setup(params: Params, repo: Layout, now: InForce) -> tuple[Params, L
     """params.yaml with the pool and price book in force, and the retrain workspace's Layout."""
     params = dataclasses.replace(
         params, pool=dataclasses.replace(params.pool, file=str(now.pool)),
-        reprice=dataclasses.replace(params.reprice, price_book=str(now.price_book)))
+        reprice=dataclasses.replace(params.reprice, price_book=str(now.price_book)),
+        # The reference answers materialise reads stay the repository's file.
+        materialise=dataclasses.replace(params.materialise, answers=str(repo.resolve(params.materialise.answers))))
     return params, Layout(repo.resolve(params.ops.workspace))
 
 
@@ -233,17 +234,17 @@ def collect_grid(params: Params, layout: Layout, tasks: Path, now: InForce) -> T
     cfg, pool = params.collect, load_pool(now.pool)
     chosen = [t for t in read_tasks(tasks) if t.split in grid_splits(params)]
     parts, seeded = seed_grid(params, worker_parts(params, layout, pool, chosen), chosen, now)
-    needs_server = any(p.missing and pool.worker(p.name).kind == "llm" and pool.worker(p.name).endpoint == "local"
-                       for p in parts)
-    server = local_llm_server(n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) if needs_server else None
+    # Only the servers of workers with episodes still to collect (a journal that is complete needs none).
+    needed = dataclasses.replace(pool, workers=tuple(pool.worker(p.name) for p in parts if p.missing))
     frames, collected = [], {}
-    with server or contextlib.nullcontext() as base_url:
+    # Replay tables are the repository's (the folder the retrain runs from), not the workspace's.
+    with pool_endpoints(needed, n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) as endpoints:
         for part in parts:
             book_file = collection_book(part, now)
             book = load_price_book(book_file)
             one = dataclasses.replace(pool, workers=(pool.worker(part.name),))
             check_pool_priced(one, book, book_file)
-            workers = build_workers(one, base_url) if part.missing else {}  # nothing to run: no client at all
+            workers = build_workers(one, endpoints) if part.missing else {}  # nothing to run: no client at all
             if part.missing:
                 print(f"collect-grid: {part.missing} episodes of {part.name} to collect")
             frames.append(collect_sync(chosen, part.policies, env=QAEnvironment(), workers=workers, book=book,
@@ -259,7 +260,7 @@ def collect_grid(params: Params, layout: Layout, tasks: Path, now: InForce) -> T
     metrics: dict[str, Any] = {"episodes": len(episodes), "episodes_collected": sum(collected.values()),
                                **{f"episodes_collected/{w}": n for w, n in collected.items()},
                                "episodes_from_main_run": sum(seeded.values()),
-                               "llm_server_started": float(needs_server)}
+                               "llm_server_started": float(uses_local(needed))}
     write_manifest(layout.manifests, "collect-grid", cfg, [tasks, now.pool], raw.paths(), metrics)
     return raw
 

@@ -10,12 +10,13 @@ from typing import Any, TypeVar
 from routerops.errors import RouteropsError
 from routerops.pricing import Pool
 from routerops.types import Worker
+from routerops.workers.endpoints import ServedEndpoints, pool_endpoints
 from routerops.workers.llm import LLMWorker
 from routerops.workers.sandbox import SandboxUnavailable, sandbox_problem
 from routerops.workers.tools import PythonWorker, SympyWorker
 
-__all__ = ["LLMWorker", "PythonWorker", "SympyWorker", "build_workers", "check_pool_runnable", "close_workers",
-           "run_closing"]
+__all__ = ["LLMWorker", "PythonWorker", "ServedEndpoints", "SympyWorker", "build_workers", "check_pool_runnable",
+           "close_workers", "pool_endpoints", "run_closing"]
 
 T = TypeVar("T")
 
@@ -30,18 +31,16 @@ def check_pool_runnable(pool: Pool) -> None:
                                  f"sandbox cannot start on this machine: {problem}")
 
 
-def build_workers(pool: Pool, local_base_url: str | None) -> dict[str, Worker]:
-    """One worker per pool entry; LLM workers with endpoint "local" talk to `local_base_url`."""
+def build_workers(pool: Pool, endpoints: ServedEndpoints | str | None) -> dict[str, Worker]:
+    """One worker per pool entry; each LLM worker talks to its endpoint's URL in `endpoints` (what
+    `pool_endpoints` yields; a plain string is the local llama.cpp server's URL, and no replay server)."""
     check_pool_runnable(pool)
+    if not isinstance(endpoints, ServedEndpoints):
+        endpoints = ServedEndpoints(local=endpoints)
     workers: dict[str, Worker] = {}
     for spec in pool.workers:
         if spec.kind == "llm":
-            base_url = local_base_url if spec.endpoint == "local" else spec.endpoint
-            if not base_url:
-                raise RouteropsError(
-                    f"worker {spec.name!r} uses the local LLM server, but no local server URL was given"
-                )
-            workers[spec.name] = LLMWorker(spec, base_url)
+            workers[spec.name] = LLMWorker(spec, endpoints.url_for(spec))
         elif spec.kind == "python":
             workers[spec.name] = PythonWorker(spec)
         elif spec.kind == "sympy":

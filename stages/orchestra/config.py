@@ -102,7 +102,7 @@ class OrchestraGate:
 class OrchestraRun:
     """params.yaml → orchestra."""
 
-    pool: str = "configs/pool.yaml"
+    pool: str = "configs/pools/embedded-smollm2.yaml"
     price_book: str = "configs/prices/current.yaml"
     tasks: OrchestraTasks = field(default_factory=OrchestraTasks)
     budget_usd: float = 0.01  # per episode, checked before every worker call

@@ -22,7 +22,7 @@ from routerops.orchestra.executor import Executor, ExecutorConfig
 from routerops.pricing import check_pool_priced, load_pool, load_price_book
 from routerops.workers import build_workers, check_pool_runnable
 from routerops.workers.cache import WorkerCache
-from routerops.workers.server import local_llm_server
+from routerops.workers.endpoints import pool_endpoints
 from stages.orchestra.config import CONTROLLER_NAME, OrchestraRun, lm_config
 
 log = logging.getLogger(__name__)
@@ -30,11 +30,9 @@ log = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def _workers(pool, server_ctx: int, server_threads: int):
-    """The pool's workers, with the local llama.cpp server up while they are used if the pool needs it."""
-    uses_local = any(w.endpoint == "local" for w in pool.workers if w.kind == "llm")
-    server = local_llm_server(n_ctx=server_ctx, n_threads=server_threads) if uses_local else None
-    with server or contextlib.nullcontext() as base_url:
-        yield build_workers(pool, base_url)
+    """The pool's workers, with its LLM servers (llama.cpp, replay endpoints) up while they are used."""
+    with pool_endpoints(pool, n_ctx=server_ctx, n_threads=server_threads) as endpoints:
+        yield build_workers(pool, endpoints)
 
 
 async def close_workers(workers) -> None:

@@ -19,7 +19,7 @@ from routerops.orchestra.executor import ExecutorConfig, opening, worker_labels 
 from routerops.pricing import load_pool, load_price_book  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-POOL, BOOK = REPO / "configs/pool.yaml", REPO / "configs/prices/current.yaml"
+POOL, BOOK = REPO / "configs/pools/embedded-smollm2.yaml", REPO / "configs/prices/current.yaml"
 
 
 @pytest.fixture(scope="module")

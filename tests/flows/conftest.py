@@ -37,15 +37,16 @@ def flow_workdir(tmp_path, monkeypatch, new_mlflow_db):
     mlflow.set_tracking_uri(None)
 
 
-def short_reply_pool(dst, max_tokens: int = 32):
-    """configs/pool.yaml with every LLM worker's replies capped at `max_tokens` (smol-cot: 96) and the
-    `reason` primitive's too: the flow tests check the plumbing, not the answers, and every token saved
-    is time on the one llama.cpp thread (less than hoped: a call's fixed cost, about a second of prompt
-    and overhead, dominates; docs/operations/tests.md)."""
+def short_reply_pool(dst, max_tokens: int = 32, source: str = "configs/pools/embedded-smollm2.yaml"):
+    """The pool `source` (the embedded one by default) with every live LLM worker's replies capped at
+    `max_tokens` (smol-cot: 96) and the `reason` primitive's too: the flow tests check the plumbing, not
+    the answers, and every token saved is time on the one llama.cpp thread (less than hoped: a call's
+    fixed cost, about a second of prompt and overhead, dominates; docs/operations/tests.md). Replay
+    workers keep their caps: a cap below a logged answer would cut it."""
     repo = Path(__file__).resolve().parents[2]
-    pool = yaml.safe_load((repo / "configs/pool.yaml").read_text())
+    pool = yaml.safe_load((repo / source).read_text())
     for worker in pool["workers"]:
-        if worker["kind"] == "llm":
+        if worker["kind"] == "llm" and worker["endpoint"] == "local":
             cap = min(worker["generation"]["max_tokens"], max_tokens)
             worker["generation"]["max_tokens"] = worker["attributes"]["max_tokens"] = cap
     reason = pool["primitives"]["reason"]

@@ -8,18 +8,21 @@ reports from a fresh clone; a price change re-runs only the cost stages, with no
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
+from routerops.workers.server import free_port
 from tests.flows.conftest import short_reply_pool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,11 +55,11 @@ def git(root: Path, *args: str) -> str:
 
 def shrink_params(root: Path) -> None:
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["materialise"].update(train=1, val=1, test=1, ood=2)
+    params["materialise"].update(train=6, val=4, test=4)  # queries of the replay table, one split by query
     params["collect"].update(concurrency=2)
     params["replay"].update(routers=["random", "oracle", "logistic"], k=3, bootstrap=0)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    short_reply_pool(root / "configs")  # the copy's configs/pool.yaml, replies capped
+    short_reply_pool(root / "configs", source="configs/pool.yaml")  # the copy's pool, SmolLM2's replies capped
 
 
 def dvc(root: Path, *args: str) -> str:
@@ -79,6 +82,51 @@ def project(tmp_path, monkeypatch):
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     return root
+
+
+def the_printed_gateway_command_and_sdk_snippet_answer_with_cost_headers(summary: str, root: Path) -> None:
+    """Issue 39: the run ends with the commands that serve its champion. Run as printed (another port):
+    a key, the gateway (it starts the replay endpoints and llama.cpp), the five SDK lines."""
+    lines = summary.splitlines()
+    serve = next(line.strip() for line in lines if line.strip().startswith("routerops gateway serve "))
+    snippet = "\n".join(line[2:] for line in lines[lines.index(next(x for x in lines if x.strip() == "import os, openai")):]
+                        [:5])
+    port = str(free_port())
+    key = json.loads(subprocess.run(["routerops", "gateway", "keys", "create", "--budget-usd", "1"], cwd=root,
+                                    capture_output=True, text=True, check=True).stdout)["api_key"]
+    log = root.parent / "gateway.log"  # outside the repository the team commits
+    with open(log, "w") as sink:
+        gateway = subprocess.Popen(serve.replace("--port 8000", f"--port {port}").split(), cwd=root,
+                                   stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        wait_for_champion(f"http://127.0.0.1:{port}/v1", key, gateway, log)
+        code = snippet.replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ROUTEROPS_API_KEY": key},
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        gateway.terminate()
+        gateway.wait(timeout=60)
+    assert out.returncode == 0, out.stderr
+    answer, headers = out.stdout.rstrip("\n").rsplit("\n", 1)
+    headers = ast.literal_eval(headers)
+    assert answer.strip() and headers["x-routerops-worker"] in {"gpt-4-1106", "mixtral-8x7b", "smollm2-135m"}
+    assert float(headers["x-routerops-cost-usd"]) > 0
+
+
+def wait_for_champion(base_url: str, key: str, process: subprocess.Popen, log: Path, timeout_s: float = 300) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text()[-3000:]
+        try:
+            models = httpx.get(f"{base_url}/models", headers={"Authorization": f"Bearer {key}"}, timeout=5).json()
+            if any(m["id"] == "auto" and not m["routerops"].get("refused") for m in models.get("data", [])):
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise AssertionError("the gateway served no champion in time")
 
 
 def the_auditor_reproduces_the_committed_reports(team: Path, auditor: Path, seaweedfs, monkeypatch) -> None:
@@ -133,28 +181,34 @@ def test_flow_then_dvc_repro_then_audit_then_price_change(project, seaweedfs, pr
     assert "Routers on real model outcomes" in summary and "  logistic" in summary
     assert "Registered router:" in summary and "reports/replay/accuracy_cost.png" in summary
 
+    the_printed_gateway_command_and_sdk_snippet_answer_with_cost_headers(summary, project)
+
     turns = pd.read_parquet(project / "data/raw/turns.parquet")
-    llm_turns = turns[turns.worker.isin(["smol-direct", "smol-cot"])]
-    assert len(llm_turns) > 0 and (llm_turns.prompt_tokens > 0).all() and (llm_turns.completion_tokens > 0).all()
+    llm_turns = turns[turns.worker.isin(["smollm2-135m", "mixtral-8x7b", "gpt-4-1106"])]
+    assert set(llm_turns.worker) == {"smollm2-135m", "mixtral-8x7b", "gpt-4-1106"}  # live and replayed alike
+    assert (llm_turns.prompt_tokens > 0).all() and (llm_turns.completion_tokens > 0).all()
+    assert (turns[turns.worker == "gpt-4-1106"].prompt_tokens > 1000).all()  # the logged 8-shot prompts
     assert yaml.safe_load((project / "reports/validation.json").read_text())["passed"] is True
     assert (project / "reports/eval/accuracy_cost.png").stat().st_size > 1000
     leaderboard = pd.read_csv(project / "reports/eval/leaderboard.csv")
-    assert {"uniform_random", "random_multi_turn", "single/smol-direct/answer"} <= set(leaderboard.policy)
+    assert {"uniform_random", "random_multi_turn", "single/smollm2-135m/answer", "single/gpt-4-1106/answer"} <= set(
+        leaderboard.policy)
 
     import mlflow
 
     runs = mlflow.search_runs(experiment_names=["routerops-pipeline"])
     assert {"pipeline", "collect", "evaluate"} <= set(runs["tags.mlflow.runName"])
     parent = runs[runs["tags.mlflow.runName"] == "pipeline"].iloc[0]
-    assert parent["tags.routerops.price_book_version"] == "2026-11-01"
-    assert parent["tags.routerops.pool_version"].startswith("embedded-smollm2-")
+    assert parent["tags.routerops.price_book_version"] == "2026-12-07"
+    assert parent["tags.routerops.pool_version"].startswith("gsm8k-replay-")
     assert set(run_ids) >= {"pipeline", "collect", "validate", "evaluate", "grid", "routers", "register", "replay"}
     # The honest protocol: routers fit on train only, test and OOD reported apart; the gate judges on val.
     routers = pd.read_csv(project / "reports/routers/leaderboard.csv")
-    assert set(routers.split) == {"test", "ood"} and routers.protocol.str.contains("fit on train").all()
+    assert set(routers.split) == {"test"} and routers.protocol.str.contains("fit on train").all()
     registry = json.loads((project / "reports/registry.json").read_text())
     assert registry["gate_split"] == "val"
-    assert all("/val/" in q for q in registry["decision"]["evidence"]["gate_ids"])
+    tasks = [json.loads(line) for line in (project / "data/suites/tasks.jsonl").read_text().splitlines()]
+    assert set(registry["decision"]["evidence"]["gate_ids"]) == {t["task_id"] for t in tasks if t["split"] == "val"}
     replay = pd.read_csv(project / "reports/replay/leaderboard.csv").set_index("router")
     assert replay.loc["oracle", "best_accuracy"] > replay.loc["single:gpt-4-1106-preview", "best_accuracy"]
 
@@ -172,7 +226,7 @@ def test_flow_then_dvc_repro_then_audit_then_price_change(project, seaweedfs, pr
     book = yaml.safe_load(book_path.read_text())
     book["version"] = "2026-12-01"
     book["effective_date"] = "2026-12-01"
-    book["prices"]["smol-cot"]["output_per_1m"] *= 2
+    book["prices"]["gpt-4-1106"]["output_per_1m"] *= 2
     book_path.write_text(yaml.safe_dump(book))
     out = dvc(project, "repro")
     assert "Running stage 'reprice'" in out and "Running stage 'evaluate'" in out, out

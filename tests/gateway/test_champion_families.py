@@ -43,7 +43,7 @@ from routerops.pricing import Price, PriceBook, WorkerSpec, load_pool, load_pric
 from routerops.rollout import collect_sync  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-POOL_FILE, BOOK_FILE = REPO / "configs" / "pool.yaml", REPO / "configs" / "prices" / "current.yaml"
+POOL_FILE, BOOK_FILE = REPO / "configs" / "pools" / "embedded-smollm2.yaml", REPO / "configs" / "prices" / "current.yaml"
 POOL, BOOK = load_pool(POOL_FILE), load_price_book(BOOK_FILE)
 WORKERS = ["smol-direct", "smol-cot"]
 MT_NAME = "mtrouter-gw-test"

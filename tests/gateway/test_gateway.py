@@ -30,7 +30,7 @@ from routerops.workers.server import free_port
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-POOL, BOOK = load_pool(REPO / "configs" / "pool.yaml"), load_price_book(REPO / "configs" / "prices" / "current.yaml")
+POOL, BOOK = load_pool(REPO / "configs" / "pools" / "embedded-smollm2.yaml"), load_price_book(REPO / "configs" / "prices" / "current.yaml")
 WORKERS = ["smol-direct", "smol-cot"]
 NAME = "router-gw-surface"
 ARITH = [{"role": "user", "content": "What is 17 plus 25?"}]

@@ -29,7 +29,7 @@ from routerops.pricing import load_pool, load_price_book
 from routerops.workers.chaos import DelayedEndpoint, _BackgroundServer
 
 REPO = Path(__file__).resolve().parents[2]
-POOL, BOOK = load_pool(REPO / "configs" / "pool.yaml"), load_price_book(REPO / "configs" / "prices" / "current.yaml")
+POOL, BOOK = load_pool(REPO / "configs" / "pools" / "embedded-smollm2.yaml"), load_price_book(REPO / "configs" / "prices" / "current.yaml")
 WORKERS = ["smol-direct", "smol-cot"]
 NAME = "router-hardening"
 IMAGE_TOKENS = 20_000

@@ -55,7 +55,7 @@ def champion(mlflow_registry):
 
 
 def start(tmp_path: Path, name: str, endpoint: str, db_url: str, tracking_uri: str) -> tuple[subprocess.Popen, str]:
-    pool = yaml.safe_load((ROOT / "configs" / "pool.yaml").read_text())
+    pool = yaml.safe_load((ROOT / "configs" / "pools" / "embedded-smollm2.yaml").read_text())
     for worker in pool["workers"]:
         if worker["kind"] == "llm":
             worker["endpoint"] = endpoint

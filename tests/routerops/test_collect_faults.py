@@ -31,7 +31,7 @@ POLICIES = [SinglePolicy("smol-direct"), UniformRandomRouter(seed=1), RandomMult
 
 def faulty_pool(proxy_url: str):
     """The embedded pool's LLM workers, pointed at the proxy, with small outputs."""
-    pool = load_pool(REPO / "configs" / "pool.yaml")
+    pool = load_pool(REPO / "configs" / "pools" / "embedded-smollm2.yaml")
     llms = []
     for spec in pool.workers:
         if spec.kind == "llm":

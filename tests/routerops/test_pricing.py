@@ -59,14 +59,14 @@ def test_bad_effective_date_is_named(tmp_path):
 
 
 def test_embedded_pool_is_fully_priced_by_both_books():
-    pool = load_pool(REPO / "configs/pool.yaml")
+    pool = load_pool(REPO / "configs/pools/embedded-smollm2.yaml")
     for book in ("collection-2026-11.yaml", "current.yaml"):
         check_pool_priced(pool, load_price_book(REPO / "configs/prices" / book))
     assert ("smol-cot", "answer") in pool.actions() and ("sympy", "sympy") in pool.actions()
 
 
 def test_unpriced_worker_is_an_error(tmp_path):
-    pool = load_pool(REPO / "configs/pool.yaml")
+    pool = load_pool(REPO / "configs/pools/embedded-smollm2.yaml")
     book = load_price_book(write(tmp_path, "b.yaml", book_data()))
     with pytest.raises(InputError, match="prices.smol-direct"):
         check_pool_priced(pool, book)
@@ -78,7 +78,7 @@ def test_unpriced_worker_is_an_error(tmp_path):
     (lambda w: w["attributes"].update(params_b="big"), "workers[0].attributes.params_b"),
 ])
 def test_bad_pool_names_the_field(tmp_path, mutate, field):
-    data = yaml.safe_load((REPO / "configs/pool.yaml").read_text())
+    data = yaml.safe_load((REPO / "configs/pools/embedded-smollm2.yaml").read_text())
     mutate(data["workers"][0])
     with pytest.raises(InputError) as err:
         load_pool(write(tmp_path, "pool.yaml", data))
@@ -86,7 +86,7 @@ def test_bad_pool_names_the_field(tmp_path, mutate, field):
 
 
 def test_duplicate_worker_is_rejected(tmp_path):
-    data = yaml.safe_load((REPO / "configs/pool.yaml").read_text())
+    data = yaml.safe_load((REPO / "configs/pools/embedded-smollm2.yaml").read_text())
     data["workers"].append(dict(data["workers"][0]))
     with pytest.raises(InputError, match="duplicate"):
         load_pool(write(tmp_path, "pool.yaml", data))

@@ -111,12 +111,12 @@ def test_a_latin1_file_is_named_with_its_line(tmp_path):
 def test_the_shipped_price_books_and_pools_still_load():
     for path in sorted((REPO / "configs/prices").glob("*.yaml")):
         assert load_price_book(path).version
-    for path in (REPO / "configs/pool.yaml", REPO / "configs/paper/pool.yaml"):
+    for path in (REPO / "configs/pool.yaml", REPO / "configs/pools/embedded-smollm2.yaml", REPO / "configs/paper/pool.yaml"):
         assert load_pool(path).workers
 
 
 def test_an_unknown_top_level_pool_key_is_rejected(tmp_path):
-    pool = yaml.safe_load((REPO / "configs/pool.yaml").read_text())
+    pool = yaml.safe_load((REPO / "configs/pools/embedded-smollm2.yaml").read_text())
     pool["wrokers"] = pool.pop("workers")
     (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
     err = raises_input_error(load_pool, tmp_path / "pool.yaml")

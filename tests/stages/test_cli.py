@@ -15,7 +15,7 @@ from routerops import schema
 from routerops.pricing import load_price_book
 
 REPO = Path(__file__).resolve().parents[2]
-POOL = REPO / "configs/pool.yaml"
+POOL = REPO / "configs/pools/embedded-smollm2.yaml"
 BOOK = REPO / "configs/prices/current.yaml"
 
 

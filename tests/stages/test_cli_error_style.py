@@ -22,7 +22,7 @@ from stages import cli, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 BOOK = REPO / "configs/prices/current.yaml"
-POOL = REPO / "configs/pool.yaml"
+POOL = REPO / "configs/pools/embedded-smollm2.yaml"
 JUNK = b"\x00\xff\xfe not what this command reads {[\n"
 
 # Arguments that name where a command writes. --root is the Layout the stages write data/ and reports/
@@ -40,8 +40,11 @@ VALUES = {"help", "command", "name", "format", "suite", "split", "limit", "split
 VALUES |= {"local_base_url"}  # an endpoint's URL (gateway serve)
 INPUTS |= {"config", "trajectories"}  # gateway serve's settings file; routerops register's pipeline root
 VALUES |= {"otlp_endpoint", "key_id", "objective", "gate_split"}  # gateway serve, gateway keys, routerops register
+VALUES |= {"controller", "version", "map"}  # arena evaluate: a registered name, its version, worker pairs
+VALUES |= {"replay_urls"}  # gateway serve: replay endpoints' URLs, a JSON object (checked by GatewayConfig)
 VALUES |= {"overrides"}  # routerops run --set KEY=VALUE
-REQUIRED_VALUES = {"budget_usd": "1", "routers": "some-router", "key_id": "abc123", "router": "knn"}  # required options that take a value
+REQUIRED_VALUES = {"budget_usd": "1", "routers": "some-router", "key_id": "abc123", "router": "knn",
+                   "controller": "router-none"}  # required options that take a value
 
 
 def leaf_commands() -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:

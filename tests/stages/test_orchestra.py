@@ -52,7 +52,7 @@ def test_baselines_stage_with_the_real_server_reports_test_and_ood_without_train
     for name in seen:
         monkeypatch.setitem(registry.ROUTER_FACTORIES, name, record_fits(registry.ROUTER_FACTORIES[name], seen[name]))
     # The smallest run: two tasks per split, one router seed; the repository's pool and price book.
-    run = OrchestraRun(pool=str(REPO / "configs/pool.yaml"), price_book=str(REPO / "configs/prices/current.yaml"),
+    run = OrchestraRun(pool=str(REPO / "configs/pools/embedded-smollm2.yaml"), price_book=str(REPO / "configs/prices/current.yaml"),
                        tasks=OrchestraTasks(families=["basic_arithmetic", "gcd"], train=1, val=1, test=1, ood=2),
                        baselines=OrchestraBaselines(routers=["knn", "logistic"], router_seeds=[0]))
     layout = Layout(tmp_path)
@@ -100,7 +100,7 @@ def test_an_llm_teacher_writes_its_own_turns_through_its_endpoint_priced_as_its_
     from stages.orchestra.teacher import teacher
 
     # The embedded pool's smol-direct stands in for the paper's strong teacher: the path is the same.
-    run = OrchestraRun(pool=str(REPO / "configs/pool.yaml"), price_book=str(REPO / "configs/prices/current.yaml"),
+    run = OrchestraRun(pool=str(REPO / "configs/pools/embedded-smollm2.yaml"), price_book=str(REPO / "configs/prices/current.yaml"),
                        tasks=OrchestraTasks(families=["basic_arithmetic"], train=2, val=1, test=1, ood=1),
                        turn_limit=2, teacher=OrchestraTeacher(kind="llm", llm_worker="smol-direct", samples=2))
     layout = Layout(tmp_path)

@@ -29,7 +29,7 @@ CONVERSATIONS = _fixtures.CONVERSATIONS
 
 def small_run(tmp_path: Path, **rl) -> OrchestraRun:
     return OrchestraRun(
-        pool=str(REPO / "configs/pool.yaml"), price_book=str(REPO / "configs/prices/current.yaml"),
+        pool=str(REPO / "configs/pools/embedded-smollm2.yaml"), price_book=str(REPO / "configs/prices/current.yaml"),
         tasks=OrchestraTasks(families=["basic_arithmetic"], train=2, val=1, test=1, ood=1), turn_limit=2,
         prompt="compact", evaluation=OrchestraEvaluation(end_on_malformed=True, server_threads=2),
         controller={"max_new_tokens": 48, "batch_size": 4},

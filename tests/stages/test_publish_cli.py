@@ -13,7 +13,7 @@ from routerops.publishing import PRICES, current_version
 
 REPO = Path(__file__).resolve().parents[2]
 BOOK = REPO / "configs/prices/current.yaml"
-POOL_FILE = REPO / "configs/pool.yaml"
+POOL_FILE = REPO / "configs/pools/embedded-smollm2.yaml"
 
 
 def edited_book(tmp_path: Path, name: str, version: str) -> Path:

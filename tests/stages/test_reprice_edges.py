@@ -19,7 +19,7 @@ from routerops import schema
 REPO = Path(__file__).resolve().parents[2]
 ROUTEROPS = Path(sys.executable).parent / "routerops"  # the console script of the venv running pytest
 BOOK = REPO / "configs/prices/current.yaml"
-POOL = REPO / "configs/pool.yaml"
+POOL = REPO / "configs/pools/embedded-smollm2.yaml"
 
 pytestmark = pytest.mark.slow  # each case starts the CLI in a subprocess (~8 s of imports)
 

@@ -58,4 +58,4 @@ def test_the_command_line_refuses_an_unknown_key_in_one_line(tmp_path, capsys):
     code = cli.main(["run", "main", "--root", str(tmp_path), "--set", "materialise.trian=3"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--set materialise.trian" in err and "unknown key" in err
-    assert yaml.safe_load((tmp_path / "params.yaml").read_text())["materialise"]["train"] == 6  # untouched
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text())["materialise"]["train"] == 120  # untouched

@@ -20,7 +20,7 @@ def true_total(question: str) -> int:
 
 
 def test_rows_are_valid_grammatical_and_correct(tmp_path):
-    pool = load_pool(REPO / "configs/pool.yaml")
+    pool = load_pool(REPO / "configs/pools/embedded-smollm2.yaml")
     rows = synthetic_conversations(60, pool, load_price_book(REPO / "configs/prices/current.yaml"), seed=3)
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -34,7 +34,7 @@ def test_exact_forms_read_only_the_question():
 
 
 def tool_pool():
-    pool = load_pool("configs/pool.yaml")
+    pool = load_pool("configs/pools/embedded-smollm2.yaml")
     return dataclasses.replace(pool, workers=tuple(w for w in pool.workers if w.kind in ("python", "sympy")))
 
 

@@ -34,7 +34,7 @@ SCRIPT = [render_turn(Turn(PLAN)), render_turn(Turn(FinalAnswer("42"), Verify("s
 
 
 async def test_an_orchestrated_episode_through_the_embedded_pool(llm_url):
-    pool = load_pool(REPO / "configs/pool.yaml")
+    pool = load_pool(REPO / "configs/pools/embedded-smollm2.yaml")
     shipped = load_price_book(REPO / "configs/prices/current.yaml")
     book = dataclasses.replace(shipped, prices={**shipped.prices, "scripted": Price(0.0, 0.0)})
     controller = ScriptedController(SCRIPT)

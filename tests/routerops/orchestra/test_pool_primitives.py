@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def embedded() -> dict:
-    return yaml.safe_load((REPO / "configs/pool.yaml").read_text())
+    return yaml.safe_load((REPO / "configs/pools/embedded-smollm2.yaml").read_text())
 
 
 def load(tmp_path, data) -> Pool:
@@ -26,7 +26,7 @@ def load(tmp_path, data) -> Pool:
 
 
 def test_the_embedded_pool_declares_the_five_kinds_of_primitive():
-    pool = load_pool(REPO / "configs/pool.yaml")
+    pool = load_pool(REPO / "configs/pools/embedded-smollm2.yaml")
     runs = {name: p.run for name, p in pool.primitives.items()}
     # direct answer, chain-of-thought, verification, code execution (written or given), computer algebra
     assert runs == {"answer": "llm", "reason": "llm", "verify": "llm", "execute_python": "llm_program",
@@ -36,7 +36,7 @@ def test_the_embedded_pool_declares_the_five_kinds_of_primitive():
 
 
 def test_flat_actions_are_unchanged_and_subtask_primitives_only_widen_the_orchestrator_s_pairs():
-    pool = load_pool(REPO / "configs/pool.yaml")
+    pool = load_pool(REPO / "configs/pools/embedded-smollm2.yaml")
     assert pool.actions() == [("smol-direct", "answer"), ("smol-cot", "answer"), ("python", "python"),
                               ("sympy", "sympy")]
     pairs = pool.admissible_pairs()

@@ -45,7 +45,7 @@ def test_the_smollm2_gguf_ships_in_its_package():
 
 
 async def test_llm_worker_gets_text_and_usage_from_the_real_server(local_url):
-    spec = load_pool(REPO / "configs" / "pool.yaml").worker("smol-direct")
+    spec = load_pool(REPO / "configs" / "pools" / "embedded-smollm2.yaml").worker("smol-direct")
     worker = LLMWorker(spec, local_url)
     result = await worker.call([{"role": "user", "content": "What is the capital of France?"}], max_tokens=8)
     await worker.aclose()

@@ -46,7 +46,7 @@ def test_the_python_worker_answers_with_the_refusal_as_its_error(no_bwrap):
 
 
 def test_pool_validation_refuses_a_pool_with_a_python_worker(no_bwrap):
-    pool = load_pool(REPO / "configs" / "pool.yaml")
+    pool = load_pool(REPO / "configs" / "pools" / "embedded-smollm2.yaml")
     with pytest.raises(SandboxUnavailable, match=r"worker\(s\) \['python'\] run model-written code.*bubblewrap"):
         check_pool_runnable(pool)
     with pytest.raises(SandboxUnavailable):

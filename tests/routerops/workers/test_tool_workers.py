@@ -124,7 +124,7 @@ async def test_python_worker_honours_its_concurrency():
 # ------------------------------------------------------------------------------------------ pool
 
 def test_build_workers_from_the_embedded_pool():
-    pool = load_pool(REPO / "configs" / "pool.yaml")
+    pool = load_pool(REPO / "configs" / "pools" / "embedded-smollm2.yaml")
     workers = build_workers(pool, "http://127.0.0.1:9/v1")
     assert set(workers) == set(pool.names)
     assert isinstance(workers["smol-direct"], LLMWorker) and workers["smol-direct"].base_url == "http://127.0.0.1:9/v1"
@@ -132,6 +132,6 @@ def test_build_workers_from_the_embedded_pool():
 
 
 def test_build_workers_needs_a_local_url_for_local_llm_workers():
-    pool = load_pool(REPO / "configs" / "pool.yaml")
+    pool = load_pool(REPO / "configs" / "pools" / "embedded-smollm2.yaml")
     with pytest.raises(RouteropsError, match="local"):
         build_workers(pool, None)
