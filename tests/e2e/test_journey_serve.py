@@ -85,7 +85,9 @@ def test_table_register_serve_call_and_spend(llm_url, new_mlflow_db, tmp_path):
     # 2. serve it from the shipped example settings, its values set for this test, a flag overriding one
     settings = yaml.safe_load((REPO / "configs" / "gateway.yaml").read_text())
     db_url = f"sqlite:///{tmp_path / 'gateway.db'}"
-    settings.update(routers=["router-knn"], database=db_url, tracking_uri=uri)
+    # the table's workers are the embedded pool's (the default pool's replay models need their table served)
+    settings.update(routers=["router-knn"], database=db_url, tracking_uri=uri,
+                    pool=str(REPO / "configs" / "pools" / "embedded-smollm2.yaml"))
     settings["server"].update(local_base_url=llm_url, port=1)  # port 1: overridden by --port below
     config = tmp_path / "gateway.yaml"
     config.write_text(yaml.safe_dump(settings))

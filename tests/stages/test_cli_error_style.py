@@ -43,6 +43,7 @@ VALUES |= {"otlp_endpoint", "key_id", "objective", "gate_split"}  # gateway serv
 VALUES |= {"controller", "version", "map"}  # arena evaluate: a registered name, its version, worker pairs
 VALUES |= {"replay_urls"}  # gateway serve: replay endpoints' URLs, a JSON object (checked by GatewayConfig)
 VALUES |= {"overrides"}  # routerops run --set KEY=VALUE
+VALUES |= {"experiment"}  # replay: the MLflow experiment of its run
 REQUIRED_VALUES = {"budget_usd": "1", "routers": "some-router", "key_id": "abc123", "router": "knn",
                    "controller": "router-none"}  # required options that take a value
 
