@@ -18,6 +18,7 @@ from gateway.app import Gateway, GatewayConfig, create_app
 from gateway.store import PERIODS, Store
 from routerops.config import TrackConfig
 from routerops.errors import InputError
+from routerops.workers.server import tcp_port
 
 DEFAULT_DB = GatewayConfig.__dataclass_fields__["db_url"].default
 QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")  # the worker calls' HTTP clients
@@ -38,7 +39,7 @@ def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
                        help="registered name to serve: a single-turn router, an MTRouter or the orchestrator "
                             "(repeatable; the first is model 'auto')")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=tcp_port, default=8000)
     serve.add_argument("--tracking-uri", default=None,
                        help="MLflow store holding the registry (default: MLFLOW_TRACKING_URI, else params' track)")
     serve.add_argument("--local-server", action="store_true",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from pathlib import Path
@@ -188,7 +189,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What the Makefile exports for the CLI to work is the CLI's own default (issue 42 item 8): outside
+# `make`, on a busy machine, `run main` died at Prefect's 20 s server start-up timeout. Set before
+# anything imports Prefect, MLflow or the HF libraries, which read them at import; a value set wins.
+ENV_DEFAULTS = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180", "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "1",
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DVC_NO_ANALYTICS": "1"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    for key, value in ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if not (args.command == "run" and PIPELINES[args.name].flow):  # a flow logs through Prefect's console

@@ -11,6 +11,10 @@ pipeline reads it. Values are YAML (`--set materialise.families='[gcd, lcm]'`).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +94,68 @@ def check_config(pipeline: Pipeline, path: Path, overrides: list[str]) -> None:
         raise
 
 
+# The files the main pipeline's params name, each with the loader of its kind: a value such as
+# `collect.price_book: /etc/shadow` is refused before any stage runs (issue 42 item 8).
+MAIN_FILES = {"pool.file": "routerops.pricing:load_pool", "collect.price_book": "routerops.pricing:load_price_book",
+              "reprice.price_book": "routerops.pricing:load_price_book"}
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def check_files(pipeline_name: str, path: Path, root: Path, overrides: list[str]) -> None:
+    """Each file the params name is a YAML file that loads as its kind (a pool, a price book); an
+    error names the params key (or the `--set` that set it) and the file."""
+    from stages import resolve
+
+    if pipeline_name != "main":
+        return  # the other pipelines' loaders read their own files
+    raw = read_yaml_mapping(path)
+    for key, loader in MAIN_FILES.items():
+        section, _, name = key.partition(".")
+        value = (raw.get(section) or {}).get(name)
+        if value is None:
+            continue
+        file = Path(value) if Path(value).is_absolute() else root / value
+        try:
+            if file.suffix not in YAML_SUFFIXES:
+                raise InputError(file, "<file>", f"is not a {' or '.join(YAML_SUFFIXES)} file")
+            if not file.is_file():
+                raise InputError(file, "<file>", "does not exist (paths are relative to --root)")
+            resolve(loader)(file)
+        except InputError as exc:
+            where = next((f"--set {key}" for text in overrides if text.partition("=")[0].strip() == key), key)
+            source = "command line" if where.startswith("--set") else path
+            raise InputError(source, where, f"{value!r} is not a usable {name.replace('_', ' ')}: {exc}") from None
+
+
+LOCK_FILE = ".routerops/run.lock"
+
+
+@contextlib.contextmanager
+def lock_root(root: Path, name: str) -> Iterator[None]:
+    """One run per root: a second `routerops run` on the same root refuses at once, naming the pid
+    that holds it (two runs on one root overwrote each other's data and registry summaries). An
+    advisory fcntl lock, released by the kernel when the holder exits, however it exits."""
+    path = root / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            raise InputError(root, "--root", f"is in use by {holder}; wait for it to end or use another "
+                             "--root") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} (routerops run {name})")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fh.truncate(0)
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
 def run_command(args: argparse.Namespace) -> None:
     from routerops.files import check_output
     from stages import resolve, run_stage
@@ -97,10 +163,12 @@ def run_command(args: argparse.Namespace) -> None:
     root = Path(args.root)
     check_output(root, "--root", folder=True)
     pipeline = PIPELINES[args.name]
-    params = params_for_run(args.name, root, args.params, args.overrides)
-    check_config(pipeline, params, args.overrides)
-    if pipeline.flow:
-        resolve(pipeline.flow)(params_file=str(params.resolve()), root=str(root))
-        return
-    for stage in pipeline.stages:
-        print(run_stage(stage, str(params.resolve()), str(root)))
+    with lock_root(root, args.name):
+        params = params_for_run(args.name, root, args.params, args.overrides)
+        check_config(pipeline, params, args.overrides)
+        check_files(args.name, params, root, args.overrides)
+        if pipeline.flow:
+            resolve(pipeline.flow)(params_file=str(params.resolve()), root=str(root))
+            return
+        for stage in pipeline.stages:
+            print(run_stage(stage, str(params.resolve()), str(root)))

@@ -70,6 +70,7 @@ class SandboxLimits:
     shm_bytes: int = 4_000_000  # the /dev/shm tmpfs, taken out of disk_bytes (at most half of it)
     open_files: int = 64  # RLIMIT_NOFILE
     processes: int = 0  # processes or threads beyond the program itself (RLIMIT_NPROC)
+    files: int = 4096  # inodes each writable tmpfs holds (files, directories, links; ~1 KB of kernel memory each)
 
 
 @dataclass
@@ -129,7 +130,9 @@ def _checked_backend(bwrap: str | None) -> Backend | str:
 
 def _explain_failed_probe(probe: SandboxResult) -> str:
     said = probe.stderr.strip()[-500:] or f"exit code {probe.exit_code}, no message"
-    if "namespace" in said or "uid map" in said or "Operation not permitted" in said:
+    # util-linux unshare (which mounts the sized tmpfs) meets a missing user namespace first: ENOSPC
+    # when user.max_user_namespaces is 0, EPERM where they are forbidden.
+    if "namespace" in said or "uid map" in said or "Operation not permitted" in said or "unshare failed" in said:
         return (f"bubblewrap cannot create its namespaces here ({said}). Unprivileged user namespaces must be "
                 "allowed: `sysctl -w kernel.unprivileged_userns_clone=1` and `sysctl -w user.max_user_namespaces="
                 "10000` (Ubuntu 24.04: also `kernel.apparmor_restrict_unprivileged_userns=0`); in Docker, run "
@@ -158,7 +161,8 @@ def execute(code: str, limits: SandboxLimits, backend: Backend, audit_hook: bool
         started = time.monotonic()
         workdir_bytes, shm_bytes = disk_split(limits)
         proc = subprocess.Popen(
-            bwrap_command(backend, fds, workdir_bytes, argv, shm_bytes=shm_bytes), env={}, stdin=subprocess.DEVNULL,
+            bwrap_command(backend, fds, workdir_bytes, argv, shm_bytes=shm_bytes,
+                          files=int(limits.files)), env={}, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=child_ends, start_new_session=True,
             **_run_as(backend))
         _close(child_ends)  # only the sandbox holds them now: EOF on status/info means it is gone

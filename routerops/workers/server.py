@@ -53,6 +53,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def tcp_port(text: str) -> int:
+    """An argparse type: a TCP port to listen on, 1-65535 (`--port 99999` listened on a random port,
+    the kernel keeping the low 16 bits)."""
+    import argparse
+
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {port}")
+    return port
+
+
 def server_command(model_path: Path, port: int, n_ctx: int, n_threads: int, model_alias: str) -> list[str]:
     # No --chat_format: llama-cpp-python then formats chats with the Jinja template stored in the GGUF
     # metadata (tokenizer.chat_template), which is SmolLM2's own ChatML template.
@@ -67,8 +81,8 @@ def server_command(model_path: Path, port: int, n_ctx: int, n_threads: int, mode
 PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal this process gets when its parent dies (Linux)
 
 
-def die_with(parent_pid: int):
-    """A preexec_fn: the child gets SIGTERM when the process that started it dies, however it dies.
+def die_with(parent_pid: int, sig: int = signal.SIGTERM):
+    """A preexec_fn: the child gets `sig` when the process that started it dies, however it dies.
 
     Why: the server runs in its own session (below), so a SIGTERM or SIGKILL of the caller alone never
     reaches it and the `finally` that stops it does not run: a killed benchmark left its llama.cpp server
@@ -83,7 +97,7 @@ def die_with(parent_pid: int):
     def preexec() -> None:
         if libc is None:
             return
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         if os.getppid() != parent_pid:
             os._exit(1)
     return preexec
