@@ -156,6 +156,26 @@ def lock_root(root: Path, name: str) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def prefect_api() -> Iterator[None]:
+    """The Prefect API a flow reports to: PREFECT_API_URL when set, else a temporary server this run
+    starts and that dies with it, even on SIGKILL (services/prefect_server.py), instead of the one
+    Prefect would start and leave running."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield
+        return
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from services.prefect_server import temporary_prefect_server
+
+    with temporary_prefect_server() as url, temporary_settings({PREFECT_API_URL: url}):
+        os.environ["PREFECT_API_URL"] = url  # processes the flow starts (Dask workers) report there too
+        try:
+            yield
+        finally:
+            os.environ.pop("PREFECT_API_URL", None)
+
+
 def run_command(args: argparse.Namespace) -> None:
     from routerops.files import check_output
     from stages import resolve, run_stage
@@ -168,7 +188,8 @@ def run_command(args: argparse.Namespace) -> None:
         check_config(pipeline, params, args.overrides)
         check_files(args.name, params, root, args.overrides)
         if pipeline.flow:
-            resolve(pipeline.flow)(params_file=str(params.resolve()), root=str(root))
+            with prefect_api():
+                resolve(pipeline.flow)(params_file=str(params.resolve()), root=str(root))
             return
         for stage in pipeline.stages:
             print(run_stage(stage, str(params.resolve()), str(root)))

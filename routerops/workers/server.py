@@ -81,14 +81,18 @@ def server_command(model_path: Path, port: int, n_ctx: int, n_threads: int, mode
 PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal this process gets when its parent dies (Linux)
 
 
-def die_with(parent_pid: int, sig: int = signal.SIGTERM):
-    """A preexec_fn: the child gets `sig` when the process that started it dies, however it dies.
+def die_with(parent_pid: int, sig: int = signal.SIGKILL):
+    """A preexec_fn: the child gets `sig` when the process that started it dies, however it dies
+    (every server a run starts: llama.cpp here, Prefect's temporary server, tool processes).
 
     Why: the server runs in its own session (below), so a SIGTERM or SIGKILL of the caller alone never
     reaches it and the `finally` that stops it does not run: a killed benchmark left its llama.cpp server
-    spinning on a core (seen 2026-11-28). prctl's death signal fires when the *thread* that forked exits,
-    which is the thread inside the `with` block here. If the parent is already gone when prctl runs (a
-    race), the child exits at once. Elsewhere than Linux this does nothing."""
+    spinning on a core (seen 2026-11-28). SIGKILL by default: with SIGTERM, uvicorn's graceful shutdown
+    kept the llama.cpp server of a `kill -9`-ed run alive, reparented to pid 1 (issue 42 item 9); the
+    normal stop (stop_process_group) still sends SIGTERM first. prctl's death signal fires when the
+    *thread* that forked exits, so start long-lived children from a thread that lives as long as they
+    should. If the parent is already gone when prctl runs (a race), the child exits at once. Elsewhere
+    than Linux this does nothing."""
     # libc is found here, in the parent: between fork and exec the child only makes the two calls
     # (find_library may run other programs, which has no place in a preexec_fn).
     name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
