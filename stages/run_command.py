@@ -127,33 +127,38 @@ def check_files(pipeline_name: str, path: Path, root: Path, overrides: list[str]
             raise InputError(source, where, f"{value!r} is not a usable {name.replace('_', ' ')}: {exc}") from None
 
 
-LOCK_FILE = ".routerops/run.lock"
-
-
 @contextlib.contextmanager
-def lock_root(root: Path, name: str) -> Iterator[None]:
+def lock_root(root: Path) -> Iterator[None]:
     """One run per root: a second `routerops run` on the same root refuses at once, naming the pid
-    that holds it (two runs on one root overwrote each other's data and registry summaries). An
-    advisory fcntl lock, released by the kernel when the holder exits, however it exits."""
-    path = root / LOCK_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
+    and command that hold it (two runs on one root overwrote each other's data, and the first one's
+    summary reported the second one's registered version). An advisory flock on the root folder
+    itself: no file is written, and the kernel releases it when the holder exits, however it exits."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
         try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            raise InputError(root, "--root", f"is in use by {holder}; wait for it to end or use another "
-                             "--root") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()} (routerops run {name})")
-        fh.flush()
-        try:
-            yield
-        finally:
-            fh.truncate(0)
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            raise InputError(root, "--root", f"is in use by {lock_holder(root)}; wait for it to end or give "
+                             "another --root") from None
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def lock_holder(root: Path) -> str:
+    """'pid N (its command line)' from /proc/locks, which lists each flock with its pid and inode."""
+    info = os.stat(root)
+    inode = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if "FLOCK" in fields and inode in fields:
+                pid = fields[fields.index(inode) - 1]
+                with contextlib.suppress(OSError):
+                    command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+                    return f"pid {pid} ({command[:120]})"
+                return f"pid {pid}"
+    return "another process"
 
 
 @contextlib.contextmanager
@@ -183,10 +188,16 @@ def run_command(args: argparse.Namespace) -> None:
     root = Path(args.root)
     check_output(root, "--root", folder=True)
     pipeline = PIPELINES[args.name]
-    with lock_root(root, args.name):
+    with contextlib.ExitStack() as lock:
+        locked = root.is_dir()
+        if locked:  # before the --set copy is written: a second run must not replace it
+            lock.enter_context(lock_root(root))
         params = params_for_run(args.name, root, args.params, args.overrides)
         check_config(pipeline, params, args.overrides)
         check_files(args.name, params, root, args.overrides)
+        if not locked:  # a new root (--params given elsewhere): created once the checks passed
+            root.mkdir(parents=True, exist_ok=True)
+            lock.enter_context(lock_root(root))
         if pipeline.flow:
             with prefect_api():
                 resolve(pipeline.flow)(params_file=str(params.resolve()), root=str(root))

@@ -67,7 +67,7 @@ def test_a_bad_value_in_params_yaml_names_the_file_and_the_key(root, capsys):
 
 
 def test_a_root_in_use_by_a_run_is_refused_naming_its_pid(root, capsys):
-    with lock_root(root, "main"):
+    with lock_root(root):
         code, err = run(["run", "main", "--root", str(root), "--set", "collect.budget_usd=-1"], capsys)
     one_line_error(code, err, "--root", f"pid {os.getpid()}", "in use")
     code, err = run(["run", "main", "--root", str(root), "--set", "collect.budget_usd=-1"], capsys)
