@@ -61,7 +61,8 @@ class PoolConfig:
 
 @dataclass(frozen=True)
 class MaterialiseConfig:
-    families: Annotated[Families, Field(min_length=1)] = field(default_factory=lambda: ["basic_arithmetic", "chain_sum", "gcd", "lcm"])
+    families: Annotated[Families, Field(min_length=1)] = field(
+        default_factory=lambda: ["basic_arithmetic", "chain_sum", "gcd", "lcm"])
     ood_families: Families = field(default_factory=lambda: ["decimal_chain_sum"])  # only in split "ood"
     train: Count = 6  # tasks per in-distribution family, per split
     val: Count = 2
@@ -115,7 +116,7 @@ class RegisterConfig:
 
     candidates: Names = field(default_factory=lambda: ["knn", "logistic", "mf", "mlp"])  # eligible families
     k: Folds = 5  # folds of the cross-fit on the train split that chooses the family
-    objective: typing.Literal["aiq", "accuracy_at_budget"] = "aiq"  # gate objective on the val split: "aiq" or "accuracy_at_budget"
+    objective: typing.Literal["aiq", "accuracy_at_budget"] = "aiq"  # gate objective on the val split
     budget_usd: Usd | None = None  # for accuracy_at_budget: the per-query budget
     n_boot: Positive = 2000
     seed: int = 0

@@ -288,7 +288,8 @@ def _check_generation(path: Path, generation: dict, where: str) -> None:
                                  f"got {_clip(value)}")
             continue
         if key not in GENERATION_RANGES:
-            raise InputError(path, where + (key if isinstance(key, str) else _clip(key)), f"unknown key; use {', '.join([*GENERATION_RANGES, *GENERATION_TEXT])}")
+            known = ", ".join([*GENERATION_RANGES, *GENERATION_TEXT])
+            raise InputError(path, where + (key if isinstance(key, str) else _clip(key)), f"unknown key; use {known}")
         kind, low, high = GENERATION_RANGES[key]
         typed = isinstance(value, int) if kind is int else _finite_number(value)
         if isinstance(value, bool) or not typed or not low <= value <= high:

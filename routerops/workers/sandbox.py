@@ -2,11 +2,11 @@
 
 Each program runs in a fresh bubblewrap sandbox (sandbox_backend.py): an unprivileged uid in its own
 user, mount, PID, IPC, UTS and network namespaces, a read-only root holding only the interpreter and
-the allowed packages (sandbox_image.py), a private size-limited tmpfs as its working directory and a
-sized /dev/shm (together disk_bytes), a clean environment, no capabilities, no new privileges and a
-seccomp filter. Inside, before the program runs, _sandbox_child.py sets rlimits for CPU, memory, file
-size, open files and processes, and installs an audit hook that stops a careless program at a limit
-(a tripwire, never the wall).
+the allowed packages (sandbox_image.py), a private tmpfs as its working directory and a /dev/shm,
+sized (together disk_bytes) and holding at most `files` inodes each, a clean environment, no
+capabilities, no new privileges and a seccomp filter. Inside, before the program runs,
+_sandbox_child.py sets rlimits for CPU, memory, file size, open files and processes, and installs an
+audit hook that stops a careless program at a limit (a tripwire, never the wall).
 
 Which limit stopped a program is the parent's own observation, never something the program can write:
 its own timers and counters (wall time, output), the exit status and the resource usage it collects

@@ -198,8 +198,8 @@ def tmpfs_prefix(backend: Backend, workdir_bytes: int, shm_bytes: int, files: in
     """The command that mounts both sized tmpfs and then runs the rest of the command line (bwrap)."""
     work, shm = backend.mount_points
     return [backend.unshare, "--user", "--map-root-user", "--mount", "--propagation", "private", "--",
-            "/bin/sh", "-c", MOUNT_SCRIPT, "sh", backend.mount, work, shm, f"size={workdir_bytes},nr_inodes={files},mode=0700",
-            f"size={shm_bytes},nr_inodes={files},mode=1777"]
+            "/bin/sh", "-c", MOUNT_SCRIPT, "sh", backend.mount, work, shm,
+            f"size={workdir_bytes},nr_inodes={files},mode=0700", f"size={shm_bytes},nr_inodes={files},mode=1777"]
 
 
 def bwrap_command(backend: Backend, fds: dict[str, int], workdir_bytes: int, argv: list[str], *,

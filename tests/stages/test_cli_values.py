@@ -150,7 +150,8 @@ def publish_flags(tmp_path: Path) -> list[str]:
 def test_import_routellm_refuses_a_duplicated_prompt_naming_the_rows(tmp_path, capsys):
     csv = tmp_path / "r.csv"
     pd.DataFrame({"prompt": ["What is 1+1?", "What is 2+2?", "What is  1+1?"], "m1": ["True"] * 3,
-                  "m1_response": ["2", "4", "2"], "m2": ["False"] * 3, "m2_response": ["3"] * 3}).to_csv(csv, index=False)
+                  "m1_response": ["2", "4", "2"], "m2": ["False"] * 3, "m2_response": ["3"] * 3}
+                 ).to_csv(csv, index=False)
     out = tmp_path / "t.parquet"
     code, err = run(["import-routellm", "--csv", str(csv), "--out", str(out)], capsys)
     one_line_error(code, err, "rows 1 and 3", "same text")
