@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,21 @@ SYMPY_SCRIPT = Path(__file__).with_name("sympy_eval.py")
 ANSWER_BYTES = 1_000_000  # a longer answer is refused as the output limit
 STARTUP_S = 60.0  # an interpreter and `import sympy`: under a second, far more on a loaded machine
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tool-spawner")
+
+
+_POOLS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has the executor but not its thread, and the pools' idle processes are its
+    parent's children: a spawner of its own, and pools that start their own processes."""
+    global _SPAWNER
+    _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tool-spawner")
+    for pool in list(_POOLS):
+        pool._idle, pool._lock = [], threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclass(frozen=True)
@@ -175,6 +191,7 @@ class ToolPool:
         self._idle: list[ToolProcess] = []
         self._lock = threading.Lock()
         self.started = 0  # processes started so far (tests and benchmarks read it)
+        _POOLS.add(self)
 
     def call(self, payload: dict) -> dict:
         proc = self._take()

@@ -107,7 +107,11 @@ class SympyWorker:
         return WorkerResult(text=str(answer), latency_s=time.monotonic() - started)
 
     def close(self) -> None:
+        """Kill the idle tool processes (a later call starts a fresh one)."""
         self.pool.close()
+
+    async def aclose(self) -> None:  # routerops.workers.close_workers calls it at the end of a run
+        self.close()
 
 
 def describe_stop(stopped: ToolStopped, limits: ToolLimits) -> str:
