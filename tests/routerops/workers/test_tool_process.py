@@ -36,16 +36,16 @@ def tool_children() -> list[psutil.Process]:
 
 @pytest.mark.parametrize("expression", ["expand((x+y+z)**200)", "summation(1/k**2, (k, 1, 10**9))"])
 async def test_a_runaway_expression_times_out_and_nothing_of_it_keeps_running(expression):
-    worker = sympy_worker(timeout_s=2.0)
+    worker = sympy_worker(timeout_s=1.5)
     assert (await worker.call("6*7")).text == "42"  # warm: the start-up is not what times out
     me = psutil.Process()
     rss_before = me.memory_info().rss
     started = time.monotonic()
     result = await worker.call(expression)
-    assert "timed out" in result.text and time.monotonic() - started < 2.0 + 1.0, result.text
+    assert "timed out" in result.text and time.monotonic() - started < 1.5 + 1.0, result.text
     assert tool_children() == []  # the process that computed is gone, at once
     cpu_before = sum(me.cpu_times()[:2])
-    time.sleep(1.5)
+    time.sleep(1.0)
     # main's thread went on computing: 0.39 s of CPU in the next second, on a loaded 2-core machine
     assert sum(me.cpu_times()[:2]) - cpu_before < 0.1  # nothing computes on in the caller either
     assert me.memory_info().rss - rss_before < 20 * 2**20  # and the caller's memory did not grow
