@@ -97,7 +97,8 @@ def check_config(pipeline: Pipeline, path: Path, overrides: list[str]) -> None:
 # The files the main pipeline's params name, each with the loader of its kind: a value such as
 # `collect.price_book: /etc/shadow` is refused before any stage runs (issue 42 item 8).
 MAIN_FILES = {"pool.file": "routerops.pricing:load_pool", "collect.price_book": "routerops.pricing:load_price_book",
-              "reprice.price_book": "routerops.pricing:load_price_book"}
+              "reprice.price_book": "routerops.pricing:load_price_book",
+              "replay.price_book": "routerops.pricing:load_price_book"}
 YAML_SUFFIXES = (".yaml", ".yml")
 
 

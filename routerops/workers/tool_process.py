@@ -49,7 +49,8 @@ def _after_fork_in_child() -> None:
     global _SPAWNER
     _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tool-spawner")
     for pool in list(_POOLS):
-        pool._idle, pool._lock = [], threading.Lock()
+        pool._idle.clear()  # in place: the pool's finalizer holds this list
+        pool._lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -192,6 +193,8 @@ class ToolPool:
         self._lock = threading.Lock()
         self.started = 0  # processes started so far (tests and benchmarks read it)
         _POOLS.add(self)
+        # A pool dropped without close() (a worker that goes out of scope) still kills its processes.
+        weakref.finalize(self, _kill_all, self._idle)
 
     def call(self, payload: dict) -> dict:
         proc = self._take()
@@ -228,9 +231,15 @@ class ToolPool:
 
     def close(self) -> None:
         with self._lock:
-            idle, self._idle = self._idle, []
+            idle = list(self._idle)
+            self._idle.clear()
         for proc in idle:
             proc.kill()
+
+
+def _kill_all(processes: list[ToolProcess]) -> None:
+    while processes:
+        processes.pop().kill()
 
 
 def sympy_argv(limits: ToolLimits) -> list[str]:
