@@ -31,6 +31,7 @@ Usd = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # a budget: finite and
 Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 FilePath = Annotated[str, Field(min_length=1)]  # run_command checks that the file is one of its kind
 Names = Annotated[list[str], Field(min_length=1)]  # a list that must name at least one thing
+Seeds = Annotated[list[Seed], Field(min_length=1)]  # one fit per seed: at least one
 
 
 def _known_families(names: list[str]) -> list[str]:
@@ -106,7 +107,7 @@ class RoutersConfig:
     evaluation split apart."""
 
     routers: Names = field(default_factory=lambda: ["random", "oracle", "cascade", "knn", "logistic", "mf", "mlp"])
-    seeds: Annotated[list[Seed], Field(min_length=1)] = field(default_factory=lambda: [0, 1, 2])
+    seeds: Seeds = field(default_factory=lambda: [0, 1, 2])
     bootstrap: Count = 200  # resamples for the 95% intervals of AIQ / APGR
 
 
@@ -132,7 +133,7 @@ class ReplayConfig:
     price_book: FilePath = "configs/prices/routellm-2024.yaml"
     routers: Names = field(default_factory=lambda: ["random", "oracle", "knn", "logistic", "mf", "mlp"])
     k: Folds = 5  # the table has no split: cross-fitted, so no router scores a query it trained on
-    seeds: Annotated[list[Seed], Field(min_length=1)] = field(default_factory=lambda: [0])
+    seeds: Seeds = field(default_factory=lambda: [0])
     bootstrap: Count = 200
 
 

@@ -50,10 +50,14 @@ def root(tmp_path) -> Path:
     ("collect.price_book=configs/pool.yaml", "not a usable price book"),
     ("register.k=1", "greater than or equal to 2"),
     ("routers.seeds=[-1]", "greater than or equal to 0"),
+    ("orchestra.budget_usd=-1", "greater than 0"),
+    ("mtrouter.concurrency=0", "greater than or equal to 1"),
 ])
 def test_a_bad_value_set_on_the_command_line_is_refused_before_anything_runs(root, setting, said, capsys):
     started = time.monotonic()
-    code, err = run(["run", "main", "--root", str(root), "--set", setting], capsys)
+    section = setting.partition(".")[0]
+    pipeline = section if section in ("orchestra", "mtrouter") else "main"
+    code, err = run(["run", pipeline, "--root", str(root), "--set", setting], capsys)
     one_line_error(code, err, f"--set {setting.partition('=')[0]}", said)
     assert time.monotonic() - started < 15  # reasoning-gym's import, at most: no flow, no retry
     assert not (root / "data").exists()  # nothing ran: materialise would have written data/suites/
