@@ -12,17 +12,52 @@ import functools
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
 import pydantic
+from pydantic import AfterValidator, Field
 
 from routerops.errors import InputError
 from routerops.files import read_yaml_mapping
 
 
+# Value constraints (issue 42 item 8): a bad value is refused by the loader, naming its key, before any
+# stage runs, not found mid-run after a flow started and retried (`collect.budget_usd: -1` took 91 s).
+Count = Annotated[int, Field(ge=0)]  # tasks per split, resamples (0: none)
+Positive = Annotated[int, Field(ge=1)]  # turns, episodes in flight, threads, shards
+Folds = Annotated[int, Field(ge=2)]  # cross-fitting needs two folds
+Seed = Annotated[int, Field(ge=0)]  # numpy's generators refuse negative seeds
+Usd = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # a budget: finite and above zero
+Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+FilePath = Annotated[str, Field(min_length=1)]  # run_command checks that the file is one of its kind
+Names = Annotated[list[str], Field(min_length=1)]  # a list that must name at least one thing
+Seeds = Annotated[list[Seed], Field(min_length=1)]  # one fit per seed: at least one
+
+
+def _known_families(names: list[str]) -> list[str]:
+    """Every name a reasoning-gym family; reasoning-gym (~1 s to import) is asked only about names
+    outside the defaults."""
+    from routerops.envs.suites import DEFAULT_FAMILIES, DEFAULT_OOD_FAMILIES
+
+    unusual = [n for n in names if n not in (*DEFAULT_FAMILIES, *DEFAULT_OOD_FAMILIES)]
+    if unusual:
+        from reasoning_gym.factory import DATASETS
+
+        unknown = [n for n in unusual if n not in DATASETS]
+        if unknown:
+            raise ValueError(f"unknown reasoning-gym family {unknown[0]!r} (known: e.g. "
+                             f"{', '.join(DEFAULT_FAMILIES)}; all: reasoning_gym.factory.DATASETS)")
+    if len(set(names)) != len(names):
+        raise ValueError("a family is listed twice")
+    return names
+
+
+Families = Annotated[list[str], AfterValidator(_known_families)]
+
+
 @dataclass(frozen=True)
 class PoolConfig:
-    file: str = "configs/pool.yaml"  # pool file: workers, endpoints, primitives, attributes
+    file: FilePath = "configs/pool.yaml"  # pool file: workers, endpoints, primitives, attributes
 
 
 @dataclass(frozen=True)
@@ -30,43 +65,44 @@ class MaterialiseConfig:
     # "suites": reasoning-gym's families below; "table": the questions of the replay table (the
     # `outcomes` stage's data/replay/routellm_gsm8k.parquet), one seeded split by query, scored by
     # math-verify against `answers` (routerops/envs/table_tasks.py). The default pool's tasks.
-    source: str = "suites"
-    families: list[str] = field(default_factory=lambda: ["basic_arithmetic", "chain_sum", "gcd", "lcm"])
-    ood_families: list[str] = field(default_factory=lambda: ["decimal_chain_sum"])  # only in split "ood"
-    train: int = 6  # tasks per in-distribution family, per split ("table": queries per split)
-    val: int = 2
-    test: int = 4
-    ood: int = 6  # tasks per held-out family ("table": none, the table has no held-out family)
+    source: typing.Literal["suites", "table"] = "suites"
+    families: Annotated[Families, Field(min_length=1)] = field(
+        default_factory=lambda: ["basic_arithmetic", "chain_sum", "gcd", "lcm"])
+    ood_families: Families = field(default_factory=lambda: ["decimal_chain_sum"])  # only in split "ood"
+    train: Count = 6  # tasks per in-distribution family, per split ("table": queries per split)
+    val: Count = 2
+    test: Count = 4
+    ood: Count = 6  # tasks per held-out family ("table": none, the table has no held-out family)
     seed: int = 7
     answers: str = "datasets/gsm8k/test_answers.jsonl"  # "table": reference answer per query id
 
 
 @dataclass(frozen=True)
 class CollectConfig:
-    price_book: str = "configs/prices/collection-2026-11.yaml"  # budgets are enforced under this book
-    budget_usd: float = 0.01  # per-episode budget, checked before every call
-    turn_limit: int = 3
-    concurrency: int = 4  # episodes in flight
+    price_book: FilePath = "configs/prices/collection-2026-11.yaml"  # budgets are enforced under this book
+    budget_usd: Usd = 0.01  # per-episode budget, checked before every call
+    turn_limit: Positive = 3
+    concurrency: Positive = 4  # episodes in flight
     seed: int = 11
-    train_policies: list[str] = field(default_factory=lambda: ["uniform_random", "random_multi_turn"])
-    stop_prob: float = 0.5  # random multi-turn policy: P(stop) once an answer exists
-    server_ctx: int = 2048  # context window of the embedded llama.cpp server
-    server_threads: int = 2  # llama.cpp generation threads; 1 is faster on a machine busy with other work
+    train_policies: Names = field(default_factory=lambda: ["uniform_random", "random_multi_turn"])
+    stop_prob: Probability = 0.5  # random multi-turn policy: P(stop) once an answer exists
+    server_ctx: Annotated[int, Field(ge=256)] = 2048  # context window of the embedded llama.cpp server
+    server_threads: Positive = 2  # llama.cpp generation threads; 1 is faster on a machine busy with other work
     # Distribution (README "Sharded collection"); none of these changes an episode or its id.
-    shards: int = 1  # each part of the plan is split into this many shards, collected exactly once each
+    shards: Positive = 1  # each part of the plan is split into this many shards, collected exactly once each
     dask_address: str = ""  # a team's Dask scheduler ("tcp://host:8786"); "" starts a local cluster
-    dask_workers: int = 2  # worker processes of that local cluster (one thread each)
+    dask_workers: Positive = 2  # worker processes of that local cluster (one thread each)
 
 
 @dataclass(frozen=True)
 class RepriceConfig:
-    price_book: str = "configs/prices/current.yaml"  # the book evaluation prices trajectories under
+    price_book: FilePath = "configs/prices/current.yaml"  # the book evaluation prices trajectories under
 
 
 @dataclass(frozen=True)
 class EvaluateConfig:
-    splits: list[str] = field(default_factory=lambda: ["test", "ood"])
-    bootstrap: int = 1000  # bootstrap resamples for 95% intervals
+    splits: Names = field(default_factory=lambda: ["test", "ood"])
+    bootstrap: Count = 1000  # bootstrap resamples for 95% intervals
     seed: int = 0
 
 
@@ -75,20 +111,20 @@ class RoutersConfig:
     """Leaderboard of the routers on the collected (task × worker) grid: fit on train, scored on each
     evaluation split apart."""
 
-    routers: list[str] = field(default_factory=lambda: ["random", "oracle", "cascade", "knn", "logistic", "mf", "mlp"])
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    bootstrap: int = 200  # resamples for the 95% intervals of AIQ / APGR
+    routers: Names = field(default_factory=lambda: ["random", "oracle", "cascade", "knn", "logistic", "mf", "mlp"])
+    seeds: Seeds = field(default_factory=lambda: [0, 1, 2])
+    bootstrap: Count = 200  # resamples for the 95% intervals of AIQ / APGR
 
 
 @dataclass(frozen=True)
 class RegisterConfig:
     """Choose a learned family on train, fit it on train, register it in MLflow, gate it on val."""
 
-    candidates: list[str] = field(default_factory=lambda: ["knn", "logistic", "mf", "mlp"])  # eligible families
-    k: int = 5  # folds of the cross-fit on the train split that chooses the family
-    objective: str = "aiq"  # gate objective on the val split: "aiq" or "accuracy_at_budget"
-    budget_usd: float | None = None  # for accuracy_at_budget: the per-query budget
-    n_boot: int = 2000
+    candidates: Names = field(default_factory=lambda: ["knn", "logistic", "mf", "mlp"])  # eligible families
+    k: Folds = 5  # folds of the cross-fit on the train split that chooses the family
+    objective: typing.Literal["aiq", "accuracy_at_budget"] = "aiq"  # gate objective on the val split
+    budget_usd: Usd | None = None  # for accuracy_at_budget: the per-query budget
+    n_boot: Positive = 2000
     seed: int = 0
 
 
@@ -99,11 +135,11 @@ class ReplayConfig:
     table: str = "datasets/routellm/gsm8k_responses.csv"  # RouteLLM's logged outcomes (Apache-2.0)
     contaminated: str = "datasets/routellm/gsm8k_contaminated_prompts.jsonl"  # prompts RouteLLM drops
     fewshot: str = "datasets/gsm8k/train_first8.jsonl"  # RouteLLM's 8-shot prompt, for token estimates
-    price_book: str = "configs/prices/routellm-2024.yaml"
-    routers: list[str] = field(default_factory=lambda: ["random", "oracle", "knn", "logistic", "mf", "mlp"])
-    k: int = 5  # the table has no split: cross-fitted, so no router scores a query it trained on
-    seeds: list[int] = field(default_factory=lambda: [0])
-    bootstrap: int = 200
+    price_book: FilePath = "configs/prices/routellm-2024.yaml"
+    routers: Names = field(default_factory=lambda: ["random", "oracle", "knn", "logistic", "mf", "mlp"])
+    k: Folds = 5  # the table has no split: cross-fitted, so no router scores a query it trained on
+    seeds: Seeds = field(default_factory=lambda: [0])
+    bootstrap: Count = 200
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ from routerops.primitives import DEFAULT_PRIMITIVES, PRIMITIVE_KEYS, PRIMITIVE_N
 
 WORKER_KINDS = ("llm", "python", "sympy")
 PRICE_FIELDS = ("input_per_1m", "output_per_1m", "cached_input_per_1m", "per_call")
+# Upper bounds: 100x the dearest model listed in 2026 ($150 / 1M output), and $100 a call; a price past
+# them is a typo (1e300 would turn every cost into inf), refused by `prices publish` before it is in force.
+MAX_PRICE = {"input_per_1m": 15_000.0, "output_per_1m": 15_000.0, "cached_input_per_1m": 15_000.0, "per_call": 100.0}
 BOOK_KEYS = ("version", "effective_date", "currency", "prices")
 POOL_KEYS = ("name", "primitives", "workers")
 # What a worker's `accepts` may name: media content parts, and tool definitions (WorkerSpec.accepts).
@@ -227,6 +230,8 @@ def _parse_worker(path: Path, raw: Any, where_item: str) -> WorkerSpec:
             raise InputError(path, where + key, f"expected text, got {_clip(raw[key])}")
     if not isinstance(raw.get("generation", {}) or {}, dict):
         raise InputError(path, where + "generation", f"expected a mapping, got {_clip(raw['generation'])}")
+    _check_endpoint(path, raw.get("endpoint", "local"), where)
+    _check_generation(path, raw.get("generation") or {}, where + "generation.")
     attrs = raw.get("attributes", {}) or {}
     if not isinstance(attrs, dict):
         raise InputError(path, where + "attributes", f"expected a mapping name -> number, got {_clip(attrs)}")
@@ -252,6 +257,46 @@ def _parse_worker(path: Path, raw: Any, where_item: str) -> WorkerSpec:
 # of NaN would be put in force by `pool publish` (issue 25): the semaphore, the HTTP client and the
 # retry loop each take them at face value.
 WORKER_LIMITS = {"concurrency": (True, 1), "timeout_s": (False, 0.0), "max_retries": (True, 0)}
+
+
+# Endpoints a pool may name (issue 42 item 8: `pool publish` put `file:///etc/passwd` in force): the
+# pipeline's own llama.cpp server, an in-process replay table, or an OpenAI-compatible base URL.
+NAMED_ENDPOINTS = ("local", "replay")
+# Generation settings, with the ranges OpenAI's chat API documents (what every worker forwards them to).
+GENERATION_RANGES: dict[str, tuple[type, float, float]] = {
+    "max_tokens": (int, 1, 1_000_000), "temperature": (float, 0.0, 2.0), "top_p": (float, 0.0, 1.0),
+    "presence_penalty": (float, -2.0, 2.0), "frequency_penalty": (float, -2.0, 2.0), "seed": (int, 0, 2**63 - 1),
+}
+GENERATION_TEXT = ("system", "stop")
+
+
+def _check_endpoint(path: Path, endpoint: Any, where: str) -> None:
+    from urllib.parse import urlsplit
+
+    if endpoint in NAMED_ENDPOINTS:
+        return
+    parts = urlsplit(endpoint) if isinstance(endpoint, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError(path, where + "endpoint", f"expected {' or '.join(map(repr, NAMED_ENDPOINTS))} or an "
+                         f"http(s):// base URL, got {_clip(endpoint)}")
+
+
+def _check_generation(path: Path, generation: dict, where: str) -> None:
+    for key, value in generation.items():
+        if key in GENERATION_TEXT:
+            texts = value if key == "stop" and isinstance(value, list) else [value]
+            if not all(isinstance(t, str) for t in texts) or (key == "stop" and len(texts) > 4):
+                raise InputError(path, where + str(key), f"expected text{' (or up to 4)' if key == 'stop' else ''}, "
+                                 f"got {_clip(value)}")
+            continue
+        if key not in GENERATION_RANGES:
+            known = ", ".join([*GENERATION_RANGES, *GENERATION_TEXT])
+            raise InputError(path, where + (key if isinstance(key, str) else _clip(key)), f"unknown key; use {known}")
+        kind, low, high = GENERATION_RANGES[key]
+        typed = isinstance(value, int) if kind is int else _finite_number(value)
+        if isinstance(value, bool) or not typed or not low <= value <= high:
+            what = "an integer" if kind is int else "a finite number"
+            raise InputError(path, where + key, f"expected {what} in [{low:g}, {high:g}], got {_clip(value)}")
 
 
 def _clip(value: Any, limit: int = 60) -> str:
@@ -361,6 +406,9 @@ def _parse_price(path: Path, worker: str, raw: Any) -> Price:
             raise InputError(path, f"{where}.{key}", f"expected a finite number, got {_clip(v)}")
         if v < 0:
             raise InputError(path, f"{where}.{key}", f"negative price {v}")
+        if v > MAX_PRICE[key]:
+            raise InputError(path, f"{where}.{key}", f"{_clip(v)} USD is above the {MAX_PRICE[key]:g} USD this field "
+                             "accepts (a typo? prices are USD per 1M tokens, per_call USD per call)")
         values[key] = float(v)
     return Price(**values)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from prefect.settings import PREFECT_API_URL
 
 from routerops.errors import RouteropsError
 from routerops.publishing import EVENT_PREFIX, Published, published_event_name
-from routerops.workers.server import free_port, log_tail, stop_process_group
+from routerops.workers.server import die_with, free_port, log_tail, stop_process_group
 
 # Both off in every process we start: no phone-home.
 QUIET = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
@@ -60,13 +61,51 @@ def prefect_server(home: str | Path, port: int | None = None, log_path: str | Pa
         proc = subprocess.Popen(prefect_command("server", "start", "--host", "127.0.0.1", "--port", str(port),
                                                 "--analytics-off", "--no-ui", *([] if services else ["--no-services"])),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=child_env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with(os.getpid()))
     api_url = f"http://127.0.0.1:{port}/api"
     try:
         wait_for_health(proc, f"{api_url}/health", startup_timeout_s, log_file, "prefect server")
         yield api_url
     finally:
         stop_process_group(proc, grace_s=stop_grace_s)
+
+
+# Prefect's own temporary server runs this command with these settings (prefect/server/api/server.py,
+# SubprocessASGIServer._run_uvicorn_command, Prefect 3.9) and stops it only in an atexit hook: a
+# `kill -9` of `routerops run main` left it running, reparented to pid 1 (issue 42 item 9).
+TEMPORARY_SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+STARTUP_TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+
+
+@contextlib.contextmanager
+def temporary_prefect_server() -> Iterator[str]:
+    """Prefect's temporary server for one run, started by us instead of by Prefect, so that it dies
+    with the run however the run ends: a parent-death signal (SIGKILL) besides the stop on exit.
+    Yields its API URL; the caller points PREFECT_API_URL at it for the run."""
+    import prefect
+    from prefect.settings import get_current_settings
+
+    port = free_port()
+    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True), **QUIET,
+           **TEMPORARY_SERVER_ENV}
+    env.pop("PREFECT_API_URL", None)
+    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+               "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+               "--log-level", "error", "--lifespan", "on"]
+    log_file = Path(tempfile.mkstemp(prefix="prefect-server-", suffix=".log")[1])
+    try:
+        with open(log_file, "ab") as log:
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True, preexec_fn=die_with(os.getpid(), signal.SIGKILL))
+        api_url = f"http://127.0.0.1:{port}/api"
+        try:
+            wait_for_health(proc, f"{api_url}/health", float(os.environ.get(STARTUP_TIMEOUT_ENV, "180")), log_file,
+                            "Prefect's temporary server")
+            yield api_url
+        finally:
+            stop_process_group(proc, grace_s=5.0)
+    finally:
+        log_file.unlink(missing_ok=True)
 
 
 def wait_for_health(proc: subprocess.Popen, url: str, timeout_s: float, log_file: Path, what: str) -> None:
@@ -95,7 +134,7 @@ def prefect_worker(pool: str, api_url: str, *, name: str | None = None, cwd: str
     child_env = {**os.environ, **QUIET, "PREFECT_API_URL": api_url, **(env or {})}
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(prefect_command(*args), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=child_env, cwd=cwd, start_new_session=True)
+                                env=child_env, cwd=cwd, start_new_session=True, preexec_fn=die_with(os.getpid()))
     try:
         time.sleep(1.0)
         if proc.poll() is not None:

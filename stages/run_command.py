@@ -11,6 +11,10 @@ pipeline reads it. Values are YAML (`--set materialise.families='[gcd, lcm]'`).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +95,97 @@ def check_config(pipeline: Pipeline, path: Path, overrides: list[str]) -> None:
         raise
 
 
+# The files the main pipeline's params name, each with the loader of its kind: a value such as
+# `collect.price_book: /etc/shadow` is refused before any stage runs (issue 42 item 8).
+MAIN_FILES = {"pool.file": "routerops.pricing:load_pool", "collect.price_book": "routerops.pricing:load_price_book",
+              "reprice.price_book": "routerops.pricing:load_price_book",
+              "replay.price_book": "routerops.pricing:load_price_book"}
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def check_files(pipeline_name: str, path: Path, root: Path, overrides: list[str]) -> None:
+    """Each file the params name is a YAML file that loads as its kind (a pool, a price book); an
+    error names the params key (or the `--set` that set it) and the file."""
+    from stages import resolve
+
+    if pipeline_name != "main":
+        return  # the other pipelines' loaders read their own files
+    raw = read_yaml_mapping(path)
+    for key, loader in MAIN_FILES.items():
+        section, _, name = key.partition(".")
+        value = (raw.get(section) or {}).get(name)
+        if value is None:
+            continue
+        file = Path(value) if Path(value).is_absolute() else root / value
+        try:
+            if file.suffix not in YAML_SUFFIXES:
+                raise InputError(file, "<file>", f"is not a {' or '.join(YAML_SUFFIXES)} file")
+            if not file.is_file():
+                raise InputError(file, "<file>", "does not exist (paths are relative to --root)")
+            resolve(loader)(file)
+        except InputError as exc:
+            where = next((f"--set {key}" for text in overrides if text.partition("=")[0].strip() == key), key)
+            source = "command line" if where.startswith("--set") else path
+            raise InputError(source, where, f"{value!r} is not a usable {name.replace('_', ' ')}: {exc}") from None
+
+
+@contextlib.contextmanager
+def lock_root(root: Path) -> Iterator[None]:
+    """One run per root: a second `routerops run` on the same root refuses at once, naming the pid
+    and command that hold it (two runs on one root overwrote each other's data, and the first one's
+    summary reported the second one's registered version). An advisory flock on the root folder
+    itself: no file is written, and the kernel releases it when the holder exits, however it exits."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(root, "--root", f"is in use by {lock_holder(root)}; wait for it to end or give "
+                             "another --root") from None
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def lock_holder(root: Path) -> str:
+    """'pid N (its command line)' from /proc/locks, which lists each flock with its pid and inode."""
+    info = os.stat(root)
+    inode = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if "FLOCK" in fields and inode in fields:
+                pid = fields[fields.index(inode) - 1]
+                with contextlib.suppress(OSError):
+                    command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+                    return f"pid {pid} ({command[:120]})"
+                return f"pid {pid}"
+    return "another process"
+
+
+@contextlib.contextmanager
+def prefect_api() -> Iterator[None]:
+    """The Prefect API a flow reports to: PREFECT_API_URL when set, else a temporary server this run
+    starts and that dies with it, even on SIGKILL (services/prefect_server.py), instead of the one
+    Prefect would start and leave running."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield
+        return
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from services.prefect_server import temporary_prefect_server
+
+    with temporary_prefect_server() as url, temporary_settings({PREFECT_API_URL: url}):
+        os.environ["PREFECT_API_URL"] = url  # processes the flow starts (Dask workers) report there too
+        try:
+            yield
+        finally:
+            from stages.flow_runner import drain_prefect_workers
+
+            drain_prefect_workers()  # the run's queued logs and events, while the server still listens
+            os.environ.pop("PREFECT_API_URL", None)
+
+
 def run_command(args: argparse.Namespace) -> None:
     from routerops.files import check_output
     from stages import resolve, run_stage
@@ -98,17 +193,26 @@ def run_command(args: argparse.Namespace) -> None:
     root = Path(args.root)
     check_output(root, "--root", folder=True)
     pipeline = PIPELINES[args.name]
-    params = params_for_run(args.name, root, args.params, args.overrides)
-    check_config(pipeline, params, args.overrides)
-    if pipeline.flow:
-        flow = resolve(pipeline.flow)
-        if hasattr(flow, "fn"):  # a Prefect flow itself: SIGTERM / Ctrl-C cancel it cleanly (stages/flow_runner.py)
-            from stages.flow_runner import prefect_home, run_flow_cancellable
+    with contextlib.ExitStack() as lock:
+        locked = root.is_dir()
+        if locked:  # before the --set copy is written: a second run must not replace it
+            lock.enter_context(lock_root(root))
+        params = params_for_run(args.name, root, args.params, args.overrides)
+        check_config(pipeline, params, args.overrides)
+        check_files(args.name, params, root, args.overrides)
+        if not locked:  # a new root (--params given elsewhere): created once the checks passed
+            root.mkdir(parents=True, exist_ok=True)
+            lock.enter_context(lock_root(root))
+        if pipeline.flow:
+            flow = resolve(pipeline.flow)
+            with prefect_api():
+                if hasattr(flow, "fn"):  # a Prefect flow itself: SIGTERM / Ctrl-C cancel it (stages/flow_runner.py)
+                    from stages.flow_runner import prefect_home, run_flow_cancellable
 
-            run_flow_cancellable(flow, args.name, params, prefect_home(), params_file=str(params.resolve()),
-                                 root=str(root))
+                    run_flow_cancellable(flow, args.name, params, prefect_home(), params_file=str(params.resolve()),
+                                         root=str(root))
+                    return
+                flow(params_file=str(params.resolve()), root=str(root))
             return
-        flow(params_file=str(params.resolve()), root=str(root))
-        return
-    for stage in pipeline.stages:
-        print(run_stage(stage, str(params.resolve()), str(root)))
+        for stage in pipeline.stages:
+            print(run_stage(stage, str(params.resolve()), str(root)))

@@ -105,6 +105,25 @@ def _math_task(path: Path, number: int, obj: dict[str, Any], task_id: str, suite
     return Task(task_id=task_id, suite=suite, split=split, prompt=problem, answer=answer.strip(), meta=meta)
 
 
+def refuse_duplicates(path: Path, field: str, texts: list[str], numbers: list[int], unit: str) -> None:
+    """Refuse a file in which two records hold the same question: they would get two query ids with
+    one text, and a split would put the same question on both of its sides (issue 42 item 8).
+    `numbers` are what a user finds the records by (line or row numbers), named in the error."""
+    first_at: dict[str, int] = {}
+    repeats: list[tuple[int, int]] = []
+    for text, number in zip(texts, numbers):
+        key = " ".join(text.split())  # the same question up to white space
+        if key in first_at:
+            repeats.append((first_at[key], number))
+        else:
+            first_at[key] = number
+    if repeats:
+        shown = "; ".join(f"{unit}s {a} and {b}" for a, b in repeats[:3])
+        more = f" (and {len(repeats) - 3} more)" if len(repeats) > 3 else ""
+        raise InputError(path, field, f"{len(repeats)} duplicated question(s): {shown}{more} hold the same "
+                         "text; remove the repeats (each question once) and import again")
+
+
 def import_jsonl_qa(path: str | Path, fmt: Format = "auto", suite: str = "", split: str = "test",
                     limit: int | None = None) -> list[Task]:
     """Tasks from a GSM8K- or MATH-format JSONL file (the first `limit` records when given).
@@ -124,8 +143,11 @@ def import_jsonl_qa(path: str | Path, fmt: Format = "auto", suite: str = "", spl
     suite = suite or fmt
     build = _gsm8k_task if fmt == "gsm8k" else _math_task
     rows = rows if limit is None else rows[:limit]
-    return [build(path, number, obj, f"{suite}/{split}/{index}", suite, split)
-            for index, (number, obj) in enumerate(rows)]
+    tasks = [build(path, number, obj, f"{suite}/{split}/{index}", suite, split)
+             for index, (number, obj) in enumerate(rows)]
+    refuse_duplicates(path, "question" if fmt == "gsm8k" else "problem", [t.prompt for t in tasks],
+                      [number for number, _ in rows], "line")
+    return tasks
 
 
 # ---------------------------------------------------------------- verification

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from routerops.envs.jsonl_qa import refuse_duplicates
 from routerops.envs.replay import smollm2_token_counter, validate_logged_outcomes
 from routerops.errors import InputError
 from routerops.files import read_text
@@ -89,6 +90,10 @@ def import_llmrouter(json_path: str | Path, split_seed: int = 0, fractions: Sequ
     records = _read_json(path)
     if not isinstance(records, list) or not records:
         raise InputError(path, "<file>", "expected a non-empty JSON list of {question, scores, cluster_id}")
+    for i, record in enumerate(records):
+        if not isinstance(record, dict) or not isinstance(record.get("question"), str):
+            raise InputError(path, f"[{i}].question", "missing or not text")
+    refuse_duplicates(path, "question", [r["question"] for r in records], list(range(len(records))), "record")
     count = count_tokens or smollm2_token_counter()
     labels = assign_splits(len(records), split_seed, fractions)
     rows = []

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from routerops.envs.csv_rows import RowLabel, csv_row_label, plain, row_label, sniff_delimiter
-from routerops.envs.jsonl_qa import text_field
+from routerops.envs.jsonl_qa import refuse_duplicates, text_field
 from routerops.envs.qa import extract_answer
 from routerops.errors import InputError, RouteropsError
 from routerops.files import check_utf8, read_json_lines
@@ -263,6 +263,7 @@ def _read_routellm_csv(path: Path) -> tuple[pd.DataFrame, list[str]]:
         if column != "prompt" and not column.endswith("_response") and f"{column}_response" not in raw.columns:
             raise InputError(path, f"{column}_response", f"column missing: model column {column!r} has no "
                              "response column beside it; add it or drop the model column")
+    refuse_duplicates(path, "prompt", list(raw["prompt"]), list(range(1, len(raw) + 1)), "row")
     models = [c for c in raw.columns if f"{c}_response" in raw.columns]
     if not models:
         raise InputError(path, "<columns>", "no '<model>' column with its '<model>_response' column")

@@ -2,11 +2,11 @@
 
 Each program runs in a fresh bubblewrap sandbox (sandbox_backend.py): an unprivileged uid in its own
 user, mount, PID, IPC, UTS and network namespaces, a read-only root holding only the interpreter and
-the allowed packages (sandbox_image.py), a private size-limited tmpfs as its working directory and a
-sized /dev/shm (together disk_bytes), a clean environment, no capabilities, no new privileges and a
-seccomp filter. Inside, before the program runs, _sandbox_child.py sets rlimits for CPU, memory, file
-size, open files and processes, and installs an audit hook that stops a careless program at a limit
-(a tripwire, never the wall).
+the allowed packages (sandbox_image.py), a private tmpfs as its working directory and a /dev/shm,
+sized (together disk_bytes) and holding at most `files` inodes each, a clean environment, no
+capabilities, no new privileges and a seccomp filter. Inside, before the program runs,
+_sandbox_child.py sets rlimits for CPU, memory, file size, open files and processes, and installs an
+audit hook that stops a careless program at a limit (a tripwire, never the wall).
 
 Which limit stopped a program is the parent's own observation, never something the program can write:
 its own timers and counters (wall time, output), the exit status and the resource usage it collects
@@ -70,6 +70,7 @@ class SandboxLimits:
     shm_bytes: int = 4_000_000  # the /dev/shm tmpfs, taken out of disk_bytes (at most half of it)
     open_files: int = 64  # RLIMIT_NOFILE
     processes: int = 0  # processes or threads beyond the program itself (RLIMIT_NPROC)
+    files: int = 4096  # inodes each writable tmpfs holds (files, directories, links; ~1 KB of kernel memory each)
 
 
 @dataclass
@@ -129,7 +130,9 @@ def _checked_backend(bwrap: str | None) -> Backend | str:
 
 def _explain_failed_probe(probe: SandboxResult) -> str:
     said = probe.stderr.strip()[-500:] or f"exit code {probe.exit_code}, no message"
-    if "namespace" in said or "uid map" in said or "Operation not permitted" in said:
+    # util-linux unshare (which mounts the sized tmpfs) meets a missing user namespace first: ENOSPC
+    # when user.max_user_namespaces is 0, EPERM where they are forbidden.
+    if "namespace" in said or "uid map" in said or "Operation not permitted" in said or "unshare failed" in said:
         return (f"bubblewrap cannot create its namespaces here ({said}). Unprivileged user namespaces must be "
                 "allowed: `sysctl -w kernel.unprivileged_userns_clone=1` and `sysctl -w user.max_user_namespaces="
                 "10000` (Ubuntu 24.04: also `kernel.apparmor_restrict_unprivileged_userns=0`); in Docker, run "
@@ -158,7 +161,8 @@ def execute(code: str, limits: SandboxLimits, backend: Backend, audit_hook: bool
         started = time.monotonic()
         workdir_bytes, shm_bytes = disk_split(limits)
         proc = subprocess.Popen(
-            bwrap_command(backend, fds, workdir_bytes, argv, shm_bytes=shm_bytes), env={}, stdin=subprocess.DEVNULL,
+            bwrap_command(backend, fds, workdir_bytes, argv, shm_bytes=shm_bytes,
+                          files=int(limits.files)), env={}, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=child_ends, start_new_session=True,
             **_run_as(backend))
         _close(child_ends)  # only the sandbox holds them now: EOF on status/info means it is gone

@@ -70,6 +70,9 @@ class Backend:
     seccomp: bytes  # compiled BPF program, as bwrap's --seccomp reads it
     run_as: tuple[int, int] | None  # (uid, gid) bwrap runs as; None: as the pipeline's own user
     setpriv: str | None  # util-linux setpriv, to kill bwrap when the pipeline dies
+    unshare: str  # util-linux unshare and mount: they mount the sandbox's tmpfs with an inode cap (bwrap cannot)
+    mount: str
+    mount_points: tuple[str, str]  # empty host directories the (working directory, /dev/shm) tmpfs mount on
 
 
 def find_bwrap() -> str | None:
@@ -79,9 +82,34 @@ def find_bwrap() -> str | None:
 def build_backend(bwrap: str) -> Backend:
     """Everything but the probe: raises SandboxUnavailable naming what is missing."""
     _check_version(bwrap)
-    return Backend(bwrap=bwrap, image=_image(), seccomp=seccomp_program(),
+    image = _image()
+    return Backend(bwrap=bwrap, image=image, seccomp=seccomp_program(),
                    run_as=(SANDBOX_UID, SANDBOX_GID) if os.geteuid() == 0 else None,
-                   setpriv=_setpriv_with_pdeathsig())
+                   setpriv=_setpriv_with_pdeathsig(), unshare=_require("unshare"), mount=_require("mount"),
+                   mount_points=_mount_points(image))
+
+
+def _require(tool: str) -> str:
+    found = shutil.which(tool)
+    if found is None:
+        raise SandboxUnavailable(f"util-linux's `{tool}` is needed to cap the sandbox's tmpfs inodes "
+                                 "(Debian/Ubuntu: `apt-get install -y util-linux mount`)")
+    return found
+
+
+def _mount_points(image: RuntimeImage) -> tuple[str, str]:
+    """Two empty directories beside the image, readable by the sandbox's uid: the tmpfs mounts on them
+    exist only in the sandbox's own mount namespace, so one pair serves every concurrent sandbox."""
+    base = image.root.parent / "mounts"
+    points = (base / "work", base / "shm")
+    try:
+        for point in points:
+            point.mkdir(parents=True, exist_ok=True)
+            point.chmod(0o755)
+        base.chmod(0o755)
+    except OSError as exc:
+        raise SandboxUnavailable(f"cannot create the sandbox's mount points under {base}: {exc}") from exc
+    return str(points[0]), str(points[1])
 
 
 def _check_version(bwrap: str) -> None:
@@ -159,28 +187,48 @@ def sandbox_env(image: RuntimeImage) -> dict[str, str]:
     return env
 
 
+# Run by `sh` in a user and mount namespace of its own (util-linux unshare), before bwrap: mounts the
+# working directory's and /dev/shm's tmpfs with a size AND an inode count, then runs bwrap, which
+# binds them. bwrap's own --tmpfs takes only --size: 121,788 empty files fit in a 64 MB sandbox and
+# grew the host's kernel slab by 121 MB (issue 42 item 6); each tmpfs inode costs ~1 KB of it.
+MOUNT_SCRIPT = '"$1" -t tmpfs -o "$4" tmpfs "$2" && "$1" -t tmpfs -o "$5" tmpfs "$3" && shift 5 && exec "$@"'
+
+
+def tmpfs_prefix(backend: Backend, workdir_bytes: int, shm_bytes: int, files: int) -> list[str]:
+    """The command that mounts both sized tmpfs and then runs the rest of the command line (bwrap)."""
+    work, shm = backend.mount_points
+    return [backend.unshare, "--user", "--map-root-user", "--mount", "--propagation", "private", "--",
+            "/bin/sh", "-c", MOUNT_SCRIPT, "sh", backend.mount, work, shm,
+            f"size={workdir_bytes},nr_inodes={files},mode=0700", f"size={shm_bytes},nr_inodes={files},mode=1777"]
+
+
 def bwrap_command(backend: Backend, fds: dict[str, int], workdir_bytes: int, argv: list[str], *,
-                  shm_bytes: int) -> list[str]:
+                  shm_bytes: int, files: int = 4096) -> list[str]:
     """fds: 'seccomp', 'child' (the child script), 'program' (main.py), 'info' (bwrap's JSON status).
 
     Every writable mount has a size (bubblewrap and nsjail practice: no tmpfs at the kernel's default,
     half of RAM, outside the memory limit): the working directory holds workdir_bytes, /dev/shm (POSIX
     shared memory, multiprocessing's semaphores) holds shm_bytes, and /dev itself, a tmpfs bubblewrap
     fills with device nodes and cannot size, is remounted read-only once /dev/shm is mounted in it.
-    A size of 0 would mean no limit to tmpfs: both must be at least one page."""
+    Each also holds at most `files` inodes (files, directories, links: tmpfs_prefix mounts them).
+    A size or inode count of 0 would mean no limit to tmpfs: sizes must be at least one page, and
+    `files` at least 2 (the tmpfs root and main.py)."""
     if min(workdir_bytes, shm_bytes) < PAGE_BYTES:
         raise ValueError(f"tmpfs sizes must be at least {PAGE_BYTES} bytes (0 is unlimited to tmpfs), got "
                          f"{workdir_bytes} and {shm_bytes}")
+    if files < 2:
+        raise ValueError(f"the sandbox's tmpfs needs at least 2 inodes (0 is unlimited to tmpfs), got {files}")
     image = backend.image
     cmd = [backend.setpriv, "--pdeathsig", "KILL", "--"] if backend.setpriv else []
+    cmd += tmpfs_prefix(backend, workdir_bytes, shm_bytes, files)
     cmd += [backend.bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "sandbox",
             "--die-with-parent", "--new-session", "--as-pid-1", "--clearenv"]
     for key, value in sandbox_env(image).items():
         cmd += ["--setenv", key, value]
     cmd += ["--ro-bind", str(image.root), "/", "--proc", "/proc", "--dev", "/dev",
-            "--size", str(shm_bytes), "--perms", "1777", "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
-            "--size", str(workdir_bytes), "--perms", "0700", "--tmpfs", WORKDIR,
+            "--bind", backend.mount_points[1], "/dev/shm", "--remount-ro", "/dev",
+            "--bind", backend.mount_points[0], WORKDIR,
             "--ro-bind-data", str(fds["child"]), CHILD_PATH, "--file", str(fds["program"]), f"{WORKDIR}/main.py",
             "--chdir", WORKDIR, "--seccomp", str(fds["seccomp"]), "--info-fd", str(fds["info"]), "--", *argv]
     return cmd

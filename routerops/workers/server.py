@@ -53,6 +53,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def tcp_port(text: str) -> int:
+    """An argparse type: a TCP port to listen on, 1-65535 (`--port 99999` listened on a random port,
+    the kernel keeping the low 16 bits)."""
+    import argparse
+
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {port}")
+    return port
+
+
 def server_command(model_path: Path, port: int, n_ctx: int, n_threads: int, model_alias: str) -> list[str]:
     # No --chat_format: llama-cpp-python then formats chats with the Jinja template stored in the GGUF
     # metadata (tokenizer.chat_template), which is SmolLM2's own ChatML template.
@@ -67,14 +81,18 @@ def server_command(model_path: Path, port: int, n_ctx: int, n_threads: int, mode
 PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal this process gets when its parent dies (Linux)
 
 
-def die_with(parent_pid: int):
-    """A preexec_fn: the child gets SIGTERM when the process that started it dies, however it dies.
+def die_with(parent_pid: int, sig: int = signal.SIGKILL):
+    """A preexec_fn: the child gets `sig` when the process that started it dies, however it dies
+    (every server a run starts: llama.cpp here, Prefect's temporary server, tool processes).
 
     Why: the server runs in its own session (below), so a SIGTERM or SIGKILL of the caller alone never
     reaches it and the `finally` that stops it does not run: a killed benchmark left its llama.cpp server
-    spinning on a core (seen 2026-11-28). prctl's death signal fires when the *thread* that forked exits,
-    which is the thread inside the `with` block here. If the parent is already gone when prctl runs (a
-    race), the child exits at once. Elsewhere than Linux this does nothing."""
+    spinning on a core (seen 2026-11-28). SIGKILL by default: with SIGTERM, uvicorn's graceful shutdown
+    kept the llama.cpp server of a `kill -9`-ed run alive, reparented to pid 1 (issue 42 item 9); the
+    normal stop (stop_process_group) still sends SIGTERM first. prctl's death signal fires when the
+    *thread* that forked exits, so start long-lived children from a thread that lives as long as they
+    should. If the parent is already gone when prctl runs (a race), the child exits at once. Elsewhere
+    than Linux this does nothing."""
     # libc is found here, in the parent: between fork and exec the child only makes the two calls
     # (find_library may run other programs, which has no place in a preexec_fn).
     name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
@@ -83,7 +101,7 @@ def die_with(parent_pid: int):
     def preexec() -> None:
         if libc is None:
             return
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         if os.getppid() != parent_pid:
             os._exit(1)
     return preexec

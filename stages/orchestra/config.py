@@ -10,7 +10,7 @@ from pathlib import Path
 from models.orchestrator.config import OrchestraConfig, orchestra_config
 from models.orchestrator.lm import resolve_device
 from models.orchestrator.rl import rl_config
-from routerops.config import TrackConfig, load_pipeline_section
+from routerops.config import Positive, Seeds, TrackConfig, Usd, load_pipeline_section
 from routerops.errors import InputError
 from routerops.layout import Layout
 from routerops.pricing import check_pool_priced, load_pool, load_price_book
@@ -48,11 +48,11 @@ class OrchestraBaselines:
     routers: list[str] = field(default_factory=lambda: ["knn", "logistic", "mf", "mlp"])
     # One fit per seed of every learned router; a row is the mean over them (design.md: three seeds
     # where training is stochastic).
-    router_seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    router_seeds: Seeds = field(default_factory=lambda: [0, 1, 2])
     rollout_seed: int = 11  # episode ids and the random router's draws
-    concurrency: int = 4  # episodes in flight
+    concurrency: Positive = 4  # episodes in flight
     server_ctx: int = 2048  # llama.cpp context of the embedded server
-    server_threads: int = 2  # llama.cpp generation threads (1 on a busy machine)
+    server_threads: Positive = 2  # llama.cpp generation threads (1 on a busy machine)
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,8 @@ class OrchestraRun:
     pool: str = "configs/pools/embedded-smollm2.yaml"
     price_book: str = "configs/prices/current.yaml"
     tasks: OrchestraTasks = field(default_factory=OrchestraTasks)
-    budget_usd: float = 0.01  # per episode, checked before every worker call
-    turn_limit: int = 8  # Tmax, controller turns per episode (004 App. B: Tmax = 8)
+    budget_usd: Usd = 0.01  # per episode, checked before every worker call
+    turn_limit: Positive = 8  # Tmax, controller turns per episode (004 App. B: Tmax = 8)
     # The controller's system prompt (routerops/orchestra/prompt.py): "full" (F.2's sections, ~860 tokens
     # for the embedded pool) or "compact" (~350 tokens: what a 135M controller can be trained on, on a CPU).
     prompt: str = "full"
