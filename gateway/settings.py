@@ -206,10 +206,17 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
                 group.add_argument(f"--{flag}", dest=dest, action=argparse.BooleanOptionalAction, default=None,
                                    help=help_text)
             else:
-                kind = {float: float, int: int}.get(info.annotation, str)
+                kind = tcp_port if flag == "port" else {float: float, int: int}.get(info.annotation, str)
                 choices = getattr(info.annotation, "__args__", None) if flag in ("loop", "http") else None
                 group.add_argument(f"--{flag}", dest=dest, type=kind, choices=choices, default=None, metavar=metavar,
                                    help=help_text)
+
+
+def tcp_port(text: str) -> int:
+    """--port's argparse type (1-65535, routerops/workers/server.py), imported only when a port is given."""
+    from routerops.workers.server import tcp_port as checked
+
+    return checked(text)
 
 
 def flag_dest(flag: str) -> str:

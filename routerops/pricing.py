@@ -261,7 +261,7 @@ WORKER_LIMITS = {"concurrency": (True, 1), "timeout_s": (False, 0.0), "max_retri
 
 # Endpoints a pool may name (issue 42 item 8: `pool publish` put `file:///etc/passwd` in force): the
 # pipeline's own llama.cpp server, an in-process replay table, or an OpenAI-compatible base URL.
-NAMED_ENDPOINTS = ("local", "replay")
+NAMED_ENDPOINTS = ("local", "replay")  # "replay": a logged-outcome worker built in code (routerops/envs/replay.py)
 # Generation settings, with the ranges OpenAI's chat API documents (what every worker forwards them to).
 GENERATION_RANGES: dict[str, tuple[type, float, float]] = {
     "max_tokens": (int, 1, 1_000_000), "temperature": (float, 0.0, 2.0), "top_p": (float, 0.0, 1.0),
@@ -275,10 +275,12 @@ def _check_endpoint(path: Path, endpoint: Any, where: str) -> None:
 
     if endpoint in NAMED_ENDPOINTS:
         return
+    if isinstance(endpoint, str) and endpoint.startswith("replay:") and endpoint[len("replay:"):].strip():
+        return  # a logged-outcome table served by a replay endpoint (routerops/workers/endpoints.py)
     parts = urlsplit(endpoint) if isinstance(endpoint, str) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InputError(path, where + "endpoint", f"expected {' or '.join(map(repr, NAMED_ENDPOINTS))} or an "
-                         f"http(s):// base URL, got {_clip(endpoint)}")
+        raise InputError(path, where + "endpoint", f"expected {' or '.join(map(repr, NAMED_ENDPOINTS))}, 'replay:<table>' "
+                         f"or an http(s):// base URL, got {_clip(endpoint)}")
 
 
 def _check_generation(path: Path, generation: dict, where: str) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from stages import cli
 from stages.run_command import lock_root
@@ -65,7 +66,9 @@ def test_a_bad_value_set_on_the_command_line_is_refused_before_anything_runs(roo
 
 def test_a_bad_value_in_params_yaml_names_the_file_and_the_key(root, capsys):
     params = root / "params.yaml"
-    params.write_text(params.read_text().replace("budget_usd: 0.01", "budget_usd: -1"))
+    values = yaml.safe_load(params.read_text())
+    values["collect"]["budget_usd"] = -1
+    params.write_text(yaml.safe_dump(values))
     code, err = run(["run", "main", "--root", str(root)], capsys)
     one_line_error(code, err, str(params), "collect.budget_usd")
 
