@@ -67,9 +67,6 @@ class ArenaConfig:
     constant_share: float = 0.9  # a row taking one action on more than this share of test queries is constant
     lm: LMSettings = field(default_factory=LMSettings)
     orchestrator: OrchestratorSettings = field(default_factory=OrchestratorSettings)
-    results: str = "benchmarks/results/arena.json"
-    plot: str = "reports/arena/accuracy_cost.png"
-    register: bool = True  # the logistic router's chosen operating point through the promotion gate
 
     def validate(self, source: str) -> None:
         f = self.split.fractions

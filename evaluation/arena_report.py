@@ -198,8 +198,8 @@ def write_arena(run: ArenaRun, layout: Layout, policies_dir: Path, lm_dir: Path)
     from stages.manifest import write_manifest
 
     result = build_rows(run, policies_dir, lm_dir)
-    plot = plot_arena(result, layout.resolve(run.arena.plot))
-    out = schema.write_json_atomic(result, layout.resolve(run.arena.results))
+    plot = plot_arena(result, layout.arena_reports / "accuracy_cost.png")
+    out = schema.write_json_atomic(result, layout.arena_results)
     result["mlflow_runs"] = log_to_mlflow(run, result, [out, plot])
     out = schema.write_json_atomic(result, out)
     metrics = {f"{r['policy']}/{k}": r[k] for r in result["rows"] for k in ("accuracy", "usd_per_query")}

@@ -131,6 +131,11 @@ class Layout:
     def arena_reports(self) -> Path:
         return self.reports / "arena"
 
+    @property
+    def arena_results(self) -> Path:
+        """Every row and its paired comparisons (committed with the benchmarks' results)."""
+        return self.root / "benchmarks/results/arena.json"
+
     # ---- MTRouter pipeline (paper 000)
     @property
     def mtrouter_data(self) -> Path:
