@@ -63,6 +63,27 @@ def lm_outcomes(lm_dir: Path, run: ArenaRun) -> tuple[dict[str, list[Outcome]], 
     return outcomes, starts, missing
 
 
+def orchestrator_outcomes(folder: Path, settings, by_policy: dict, starts: dict) -> list[dict]:
+    """The hook for Uno-Orchestra (004) on this pool: with arena.orchestrator.run, every
+    data/arena/orchestrator/<name>_seed<s>.json holding {"policy", "seed", "held_out", optional
+    "sft_start"} (critique-lm's per-query record format, evaluation/critique_lm.py: held_out) becomes a
+    row of family `orchestrator`, paired with its SFT start. Returns the not-run entries."""
+    if not settings.run:
+        return [{"family": "orchestrator", "reason": settings.reason}]
+    files = sorted(Path(folder).glob("*_seed*.json"))
+    if not files:
+        return [{"family": "orchestrator", "reason": f"arena.orchestrator.run is true but {folder} holds no record"}]
+    for path in files:
+        record = json.loads(path.read_text())
+        policy, seed = record["policy"], int(record["seed"])
+        by_policy[policy].append(held_out_outcome(record["held_out"], policy, "orchestrator", seed))
+        if "sft_start" in record:
+            start = f"{policy}: SFT start"
+            by_policy[start].append(held_out_outcome(record["sft_start"], start, "orchestrator", seed))
+            starts[policy] = start
+    return []
+
+
 def _evidence(controller: dict, training: dict | None) -> dict:
     keys = ("decisions_changed_by_rl", "adapter_relative_change", "malformed_turns_per_query", "verify:accuracy")
     out = {k: controller[k] for k in keys if k in controller}
@@ -116,18 +137,19 @@ def build_rows(run: ArenaRun, policies_dir: Path, lm_dir: Path) -> dict:
         by_policy[o.policy].append(o)
     lm, starts, not_run = lm_outcomes(lm_dir, run)
     by_policy.update(lm)
-    refs = references(by_policy, index)
     cfg = run.arena
+    not_run += orchestrator_outcomes(Path(lm_dir).parent / "orchestrator", cfg.orchestrator, by_policy, starts)
+    refs = references(by_policy, index)
     rows = [arena_row(outs, refs, cfg.bootstrap, cfg.split.seed, cfg.constant_share,
                       by_policy.get(starts[name]) if name in starts else None)
             for name, outs in by_policy.items()]
-    if not cfg.orchestrator.run:
-        not_run.append({"family": "orchestrator", "reason": cfg.orchestrator.reason})
     curves = {name: _curve_points(outs[0]) for name, outs in by_policy.items() if outs[0].curve is not None}
     return {"protocol": protocol_text(run, index), "pool": {"workers": index["workers"], "strong": index["strong"],
                                                           "price_book": cfg.price_book},
-            "references": {"vs_logistic_at_usd": "logistic router's sweep over λ on the test queries, read at the row's USD/query (two neighbouring λs mixed)",
-                           "vs_cascade_at_gpt4_calls": "cascade's sweep over its threshold on the test queries, read at the row's GPT-4 calls/query",
+            "references": {"vs_logistic_at_usd": "logistic router's sweep over λ on the test queries, read at the "
+                                                 "row's USD/query (two neighbouring λs mixed)",
+                           "vs_cascade_at_gpt4_calls": "cascade's sweep over its threshold on the test queries, read "
+                                                       "at the row's GPT-4 calls/query",
                            "vs_random_mix_at_usd": "best trivial policy at equal USD: random mix of always-weak and "
                                                    "always-strong (oracle excluded: it reads the outcome)",
                            "vs_sft_start": "the RL row's SFT start, same queries"},

@@ -139,3 +139,21 @@ def test_the_lm_rows_are_read_from_critique_lms_held_out_records(tmp_path):
     assert len(outcomes) == 4 + 6
     none, _, missing = lm_outcomes(tmp_path / "empty", run)
     assert not none and {m["family"] for m in missing} == {"critique_lm", "corl_lm"}
+
+
+def test_the_orchestrator_hook_reads_held_out_records_when_switched_on(tmp_path):
+    from collections import defaultdict
+
+    from evaluation.arena_config import OrchestratorSettings
+    from evaluation.arena_report import orchestrator_outcomes
+
+    by_policy, starts = defaultdict(list), {}
+    off = orchestrator_outcomes(tmp_path, OrchestratorSettings(), by_policy, starts)
+    assert off[0]["family"] == "orchestrator" and "replay endpoints" in off[0]["reason"] and not by_policy
+    on = OrchestratorSettings(run=True)
+    assert "holds no record" in orchestrator_outcomes(tmp_path, on, by_policy, starts)[0]["reason"]
+    record = {"rows": [1, 2], "correct": [1, 0], "usd": [0.1, 0.2], "strong_calls": [0, 1], "final": ["a", "b"]}
+    (tmp_path / "agentic_seed0.json").write_text(json.dumps({"policy": "Agentic-GRPO", "seed": 0, "held_out": record,
+                                                             "sft_start": record}))
+    assert orchestrator_outcomes(tmp_path, on, by_policy, starts) == []
+    assert by_policy["Agentic-GRPO"][0].family == "orchestrator" and starts["Agentic-GRPO"] == "Agentic-GRPO: SFT start"
