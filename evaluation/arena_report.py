@@ -215,6 +215,24 @@ def log_to_mlflow(run: ArenaRun, result: dict, artifacts: list[Path]) -> list[st
     return ids
 
 
+def markdown_table(result: dict) -> str:
+    """arena.json's rows as a Markdown table: numbers, `constant`, and each paired difference with its
+    95 % interval (docs/arena.md quotes it; reports/arena/arena.md holds it)."""
+    def cell(d: dict | None) -> str:
+        return "—" if d is None else f"{d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
+
+    head = ("| policy | family | test q | accuracy | USD/query | GPT-4 calls/q | constant | vs logistic @USD "
+            "| vs cascade @GPT-4 calls | vs random mix @USD | vs SFT start |\n|" + "---|" * 11)
+    lines = [head]
+    for r in result["rows"]:
+        c = r["comparisons"]
+        lines.append(f"| {r['policy']} | {r['family']} | {r['test_queries']} | {r['accuracy']:.3f} | "
+                     f"{r['usd_per_query']:.5f} | {r['gpt4_calls_per_query']:.3f} | {'yes' if r['constant'] else 'no'} | "
+                     f"{cell(c['vs_logistic_at_usd'])} | {cell(c['vs_cascade_at_gpt4_calls'])} | "
+                     f"{cell(c['vs_random_mix_at_usd'])} | {cell(c.get('vs_sft_start'))} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_arena(run: ArenaRun, layout: Layout, policies_dir: Path, lm_dir: Path) -> dict[str, Path]:
     from evaluation.arena_plot import plot_arena
     from stages.manifest import write_manifest
@@ -222,8 +240,9 @@ def write_arena(run: ArenaRun, layout: Layout, policies_dir: Path, lm_dir: Path)
     result = build_rows(run, policies_dir, lm_dir)
     plot = plot_arena(result, layout.arena_reports / "accuracy_cost.png")
     out = schema.write_json_atomic(result, layout.arena_results)
+    table = schema.write_text_atomic(markdown_table(result), layout.arena_reports / "arena.md")
     result["mlflow_runs"] = log_to_mlflow(run, result, [out, plot])
     out = schema.write_json_atomic(result, out)
     metrics = {f"{r['policy']}/{k}": r[k] for r in result["rows"] for k in ("accuracy", "usd_per_query")}
     write_manifest(layout.manifests, "arena-report", {"arena": str(run.arena)}, [], [out, plot], metrics)
-    return {"results": out, "plot": plot}
+    return {"results": out, "plot": plot, "table": table}

@@ -60,6 +60,7 @@ def test_the_arena_stages_write_every_row_the_plot_and_resume(tiny_arena, caplog
     assert len(result["mlflow_runs"]) == len(rows)
     plot = tiny_arena / "reports/arena/accuracy_cost.png"
     assert out["plot"] == plot and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out["table"].read_text().count("\n| ") == len(rows)  # one Markdown line per row
 
     index = json.loads((Path(policies) / "index.json").read_text())
     test = set(index["split"]["test"])
