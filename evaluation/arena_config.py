@@ -79,7 +79,8 @@ class ArenaConfig:
         if not 0 < self.strong_fraction <= 1 or not 0.5 <= self.constant_share < 1:
             raise InputError(source, f"{SECTION}.strong_fraction", "must be in (0, 1] (constant_share in [0.5, 1))")
         if self.bootstrap < 10 or self.knob_points < 3 or self.lm.eval_queries < 0:
-            raise InputError(source, f"{SECTION}.bootstrap", "bootstrap ≥ 10, knob_points ≥ 3, lm.eval_queries ≥ 0")
+            raise InputError(source, f"{SECTION}.bootstrap",
+                             "bootstrap ≥ 10, knob_points ≥ 3, lm.eval_queries ≥ 0")
 
 
 @dataclass(frozen=True)

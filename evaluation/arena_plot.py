@@ -1,5 +1,5 @@
 """reports/arena/accuracy_cost.png: every arena row a point (the routers' and the cascade's test sweeps as
-curves), the Pareto frontier of the rows read on the whole test split drawn, labels in a legend (no text
+curves), the Pareto frontier of every point and sweep read on the whole test split drawn, labels in a legend (no text
 on the axes to overlap). Rows read on a subset of the test queries (the LM controllers at demo scale)
 are hollow markers and stay off the frontier: their accuracy is on other queries."""
 
@@ -30,7 +30,7 @@ def plot_arena(result: dict, path: Path) -> Path:
         if curve is not None:
             order = np.argsort(curve["usd_per_query"])
             ax.plot(np.asarray(curve["usd_per_query"])[order], np.asarray(curve["accuracy"])[order], "-",
-                    color=colours[i], alpha=0.45, linewidth=1)
+                    color=colours[i], alpha=0.6, linewidth=1)
         subset = row["test_queries"] < full
         label = f"{row['policy']} ({row['test_queries']} q)" if subset else row["policy"]
         if row["constant"]:
@@ -38,12 +38,14 @@ def plot_arena(result: dict, path: Path) -> Path:
         ax.plot(row["usd_per_query"], row["accuracy"], FAMILY_MARKERS.get(row["family"], "o"), markersize=9,
                 color=colours[i], markerfacecolor="none" if subset else colours[i], markeredgewidth=1.5,
                 label=label, linestyle="none")
+    # The frontier of every operating point read on all test queries: the rows and the sweeps' points
+    # (oracle excluded: it reads the outcome). The sweeps' points are read, not chosen, on test.
     on_full = [r for r in rows if r["test_queries"] == full and r["family"] != "oracle"]
-    usd = np.array([r["usd_per_query"] for r in on_full])
-    acc = np.array([r["accuracy"] for r in on_full])
+    usd = np.array([r["usd_per_query"] for r in on_full] + [x for c in result["curves"].values() for x in c["usd_per_query"]])
+    acc = np.array([r["accuracy"] for r in on_full] + [y for c in result["curves"].values() for y in c["accuracy"]])
     front = pareto_front(usd, acc)
     ax.step(usd[front], acc[front], where="post", color="black", linestyle="--", linewidth=1.2,
-            label="Pareto frontier (rows on all test queries, oracle excluded)")
+            label="Pareto frontier of every point and sweep on all test queries (oracle excluded)")
     ax.set_xscale("log")
     ax.set_xlabel("USD per query (test split, log scale)")
     ax.set_ylabel("accuracy (test split)")

@@ -75,7 +75,8 @@ def trivial_outcomes(cfg: ArenaConfig, data: RoutingData, test: np.ndarray, stro
     return out
 
 
-def chosen_knob(router, quality_val: np.ndarray, val: RoutingData, strong: int, fraction: float, points: int) -> tuple[float, dict]:
+def chosen_knob(router, quality_val: np.ndarray, val: RoutingData, strong: int, fraction: float,
+                points: int) -> tuple[float, dict]:
     """The cheapest knob whose val accuracy reaches `fraction` of the strong worker's val accuracy (the
     most accurate knob when none does); the val sweep's numbers at it."""
     ops = operating_points(router, quality_val, val, knob_grid(router, quality_val, val.costs, points))

@@ -58,7 +58,8 @@ def lm(run: ArenaRun, layout: Layout) -> Path:
             ([("corl", (), True)] if settings.corl else [])
     for name, variants, corl in units:
         for seed in settings.seeds:
-            cfg = dataclasses.replace(run.critique_lm, protocol=dataclasses.replace(run.critique_lm.protocol, seeds=(seed,)))
+            protocol = dataclasses.replace(run.critique_lm.protocol, seeds=(seed,))
+            cfg = dataclasses.replace(run.critique_lm, protocol=protocol)
             key = settings_key(name, dataclasses.asdict(cfg) | {"source": ""})
             out = folder / f"{name}_seed{seed}.json"
             if cached(out, key) is not None:
@@ -66,7 +67,8 @@ def lm(run: ArenaRun, layout: Layout) -> Path:
                 continue
             from evaluation.critique_lm import run_critique_lm  # torch, transformers, peft only here
 
-            result = run_critique_lm(cfg, layout.root, folder / "work", layout.model_cache, variants=variants, corl=corl)
+            result = run_critique_lm(cfg, layout.root, folder / "work", layout.model_cache, variants=variants,
+                                     corl=corl)
             schema.write_json_atomic({"key": key, "controller": name, "seed": seed, **result}, out)
     return folder
 
