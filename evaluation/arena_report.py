@@ -84,11 +84,24 @@ def orchestrator_outcomes(folder: Path, settings, by_policy: dict, starts: dict)
     return []
 
 
+def training_evidence(training: dict | None) -> dict:
+    """What shows whether the RL budget was enough: the run's scalars and its train reward by step."""
+    if not training:
+        return {}
+    out = {k: v for k, v in training.items() if isinstance(v, (int, float, str))}
+    history = training.get("history") or []
+    for key in ("reward_root_mean", "reward_mean", "reward"):
+        if history and all(key in h for h in history):
+            out["train_reward_by_step"] = [h[key] for h in history]
+            break
+    return out
+
+
 def _evidence(controller: dict, training: dict | None) -> dict:
     keys = ("decisions_changed_by_rl", "adapter_relative_change", "malformed_turns_per_query", "verify:accuracy")
     out = {k: controller[k] for k in keys if k in controller}
     if training:
-        out["training"] = {k: v for k, v in training.items() if isinstance(v, (int, float, str))}
+        out["training"] = training_evidence(training)
     return out
 
 
@@ -112,8 +125,7 @@ def _critique_rows(result: dict, seed: int, outcomes: dict, starts: dict) -> Non
 
 def _corl_rows(result: dict, seed: int, outcomes: dict, starts: dict) -> None:
     evidence = {k: result.get("corl", {}).get(k) for k in ("decisions_changed_by_rl", "adapter_relative_change")}
-    training = result.get("training", {}).get("corl", {})
-    evidence["training"] = {k: v for k, v in training.items() if isinstance(v, (int, float, str))}
+    evidence["training"] = training_evidence(result.get("training", {}).get("corl"))
     for mode, record in result.get("corl_held_out", {}).items():
         row, start = f"CoRL LM: RL, {mode} budget", f"CoRL LM: SFT start, {mode} budget"
         outcomes[row].append(held_out_outcome(record, row, "corl_lm", seed, {"evidence": evidence}))
