@@ -19,7 +19,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: install sandbox-backend demo storage test test-fast coverage mlflow-ui prefect-ui serve retrain benchmarks bench-rl replay critique critique-lm mtrouter orchestra clean
+.PHONY: install sandbox-backend demo storage test test-fast coverage mlflow-ui prefect-ui serve retrain benchmarks bench-rl replay critique critique-lm arena mtrouter orchestra clean
 
 # `make install` (and `make demo`) installs what the main pipeline needs; a target that needs a feature's
 # extra (pyproject.toml: orchestrator, mtrouter, team, dev) depends on install-EXTRA, which adds it; `make
@@ -125,6 +125,11 @@ critique: install
 # the shared core, evaluation on the fixed split's test queries, then registration through the gate.
 critique-lm: install-orchestrator
 	PATH="$(CURDIR)/$(BIN):$$PATH" routerops run critique-lm
+
+# Every method on RouteLLM's GSM8K pool under one split, paired comparisons at matched cost (issue 39;
+# params.yaml: arena): benchmarks/results/arena.json and reports/arena/accuracy_cost.png. Resumable.
+arena: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" routerops run arena
 
 # MTRouter at small scale on ScienceWorld with the embedded pool (params.yaml: mtrouter).
 mtrouter: install-mtrouter

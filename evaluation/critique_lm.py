@@ -26,24 +26,38 @@ from evaluation.critique import load_table
 from models.base import RoutingData
 from models.critique.lm_config import CritiqueLMConfig
 from models.critique.lm_controller import make_controller
-from models.critique.lm_env import OutcomeTable, outcome_table
+from models.critique.lm_env import MODES, OutcomeTable, outcome_table
 from models.critique.lm_evaluate import (at_share, corl_greedy, decisions_changed, episode_metrics,
                                          greedy_episodes, paired_bootstrap)
 from models.critique.lm_train import train_controller, warmup
 from models.orchestrator.lm import base_model_folder, load_controller_model, resolve_device
 from routerops import metrics
+from routerops.splits import fixed_split  # the arena (evaluation/arena.py) splits with it too
 from routerops.errors import InputError
 
 log = logging.getLogger(__name__)
 SETTINGS = {"with_multipliers": (True, False), "without_multipliers": (False, False), "dual_multipliers": (True, True)}
 
 
-def fixed_split(n: int, seed: int, fractions=(0.6, 0.2, 0.2)) -> dict[str, np.ndarray]:
-    """Train / val / test row indices from one seeded permutation of the n queries."""
-    order = np.random.default_rng(seed).permutation(n)
-    a = int(round(fractions[0] * n))
-    b = a + int(round(fractions[1] * n))
-    return {"train": np.sort(order[:a]), "val": np.sort(order[a:b]), "test": order[b:]}
+def held_out(ep: dict, table: OutcomeTable, rows: np.ndarray) -> dict:
+    """Per evaluated test query, what the arena pairs on (evaluation/arena.py): the query's row, whether
+    the answer was right, the USD paid, the strongest agent's calls and the worker whose answer stood."""
+    return {"rows": [int(r) for r in rows], "correct": np.asarray(ep["correct"], dtype=float).tolist(),
+            "usd": np.asarray(ep["cost"], dtype=float).tolist(),
+            "strong_calls": np.asarray(ep["calls"])[:, table.strongest].astype(float).tolist(),
+            "final": [table.workers[int(j)] for j in ep["final"]]}
+
+
+def corl_held_out(modes: dict, table: OutcomeTable, rows: np.ndarray) -> dict:
+    """held_out for each CoRL budget mode: one call per query, to the agent in `decisions`."""
+    out = {}
+    for mode in MODES:
+        agent = np.asarray(modes[mode]["decisions"])
+        calls = np.zeros((len(rows), len(table.agents)), dtype=int)
+        calls[np.arange(len(rows)), agent] = 1
+        ep = {"correct": table.correct[rows, agent], "cost": table.costs[rows, agent], "calls": calls, "final": agent}
+        out[mode] = held_out(ep, table, rows)
+    return out
 
 
 def eval_rows(cfg: CritiqueLMConfig, split: dict[str, np.ndarray]) -> np.ndarray:
@@ -94,7 +108,7 @@ def fitted_verdict(model, tokenizer, cfg: CritiqueLMConfig, table: OutcomeTable,
     return {**episode_metrics(ep, table), "threshold": threshold, "fitted_on_val_rows": len(fit_rows),
             "val_strong_call_share_at_half": episode_metrics(on_val, table)["strong_call_share"],
             "val_p_false_mean": float(np.mean(probe.p_false)) if probe.p_false else float("nan"),
-            "vs": compare(ep, table, rows, scores, cfg.protocol.bootstrap, seed)}
+            "vs": compare(ep, table, rows, scores, cfg.protocol.bootstrap, seed), "held_out": held_out(ep, table, rows)}
 
 
 def fit_threshold_on(controller, tokenizer, cfg: CritiqueLMConfig, table: OutcomeTable, fit_rows: np.ndarray,
@@ -139,7 +153,8 @@ def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, w
     model, tokenizer = load_controller_model(cfg.model, adapter, resolve_device(cfg.rl.device, cfg.source), model_cache)
     before = greedy_episodes(make_controller(model, tokenizer, cfg.generation, temperature=0.0, seed=seed),
                              table, rows, tokenizer=tokenizer, **kw)
-    out["controllers"]["warmup_only"] = {**episode_metrics(before, table), "vs": compare(before, table, rows, scores, cfg.protocol.bootstrap, seed)}
+    out["controllers"]["warmup_only"] = {**episode_metrics(before, table), "held_out": held_out(before, table, rows),
+                                         "vs": compare(before, table, rows, scores, cfg.protocol.bootstrap, seed)}
     report = on_progress or (lambda _: None)
     report(out)
     if cfg.protocol.fitted_verdict:
@@ -167,7 +182,8 @@ def run_seed(cfg: CritiqueLMConfig, data: RoutingData, split: dict, seed: int, w
         out["controllers"][name] = {**episode_metrics(ep, table), "decisions_changed_by_rl": decisions_changed(before, ep),
                                     "adapter_relative_change": summary["adapter_relative_change"],
                                     "budgeted": episode_metrics(budgeted, table),
-                                    "vs": compare(ep, table, rows, scores, cfg.protocol.bootstrap, seed)}
+                                    "vs": compare(ep, table, rows, scores, cfg.protocol.bootstrap, seed),
+                                    "held_out": held_out(ep, table, rows)}
         if cfg.protocol.fitted_verdict:
             out["controllers"][name]["fitted_verdict"] = fitted_verdict(trainer.model, trainer.tokenizer, cfg, table,
                                                                         split, rows, seed, scores, kw)
@@ -216,6 +232,8 @@ def _corl(cfg: CritiqueLMConfig, table: OutcomeTable, split: dict, seed: int, wo
     out["corl"]["high_minus_expert_alone"] = paired_bootstrap(high, table.correct[rows, table.strongest],
                                                               cfg.protocol.bootstrap, seed)
     out["corl"]["decisions_changed_by_rl"] = float(changed)
+    out["corl_held_out"] = corl_held_out(corl, table, rows)
+    out["corl_warmup_held_out"] = corl_held_out(corl_before, table, rows)
     out["corl"]["adapter_relative_change"] = summary["adapter_relative_change"]
     out["training"]["corl"] = summary
     out["adapters"] = {**out.get("adapters", {}), "corl": str(trainer.save(work / f"seed{seed}" / "corl") / "adapter")}

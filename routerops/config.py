@@ -182,6 +182,8 @@ class Params:
     critique: dict = field(default_factory=dict)
     # The LM critique-and-route / CoRL controller's section; typed and checked by models.critique.lm_config.
     critique_lm: dict = field(default_factory=dict)
+    # The arena's section (issue 39); typed and checked by evaluation.arena_config.
+    arena: dict = field(default_factory=dict)
 
 
 FORBID_UNKNOWN_KEYS = pydantic.ConfigDict(extra="forbid")

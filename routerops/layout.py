@@ -121,6 +121,21 @@ class Layout:
         """Critique-and-route / CoRL results on the RouteLLM GSM8K logs (stages/critique.py)."""
         return self.reports / "critique"
 
+    # ---- the arena: every method on the RouteLLM GSM8K pool, one split (stages/arena.py)
+    @property
+    def arena_data(self) -> Path:
+        """One cached output per (method, seed), so a rerun skips the done ones."""
+        return self.root / "data/arena"
+
+    @property
+    def arena_reports(self) -> Path:
+        return self.reports / "arena"
+
+    @property
+    def arena_results(self) -> Path:
+        """Every row and its paired comparisons (committed with the benchmarks' results)."""
+        return self.root / "benchmarks/results/arena.json"
+
     # ---- MTRouter pipeline (paper 000)
     @property
     def mtrouter_data(self) -> Path:

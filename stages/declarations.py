@@ -67,6 +67,9 @@ MAIN = "routerops.config:load_params"
 MT = "stages.mtrouter:load_run"
 ORCH = "stages.orchestra.config:load_run"
 CRITIQUE_LM = "models.critique.lm_config:load_critique_lm_config"
+ARENA = "evaluation.arena_config:load_arena_run"
+ARENA_DATA = ("datasets/routellm", "datasets/gsm8k/train_first8.jsonl", "configs/prices/routellm-2024.yaml",
+              "routerops/splits.py")
 # The orchestrator run's shared sections (pool, prices, budget, prompt) and the controller's.
 ORCH_RUN = ("orchestra.pool", "orchestra.price_book", "orchestra.budget_usd", "orchestra.turn_limit", "orchestra.prompt")
 ORCH_LM = ("orchestra.anonymize_workers", "orchestra.evaluation", "orchestra.model", "orchestra.controller")
@@ -159,6 +162,23 @@ STAGES: dict[str, Stage] = {
         deps=("reports/critique/lm_results.json", "reports/critique/lm", "evaluation/critique_serving.py"),
         params=("critique_lm", "track"), outs=(uncached("reports/critique/lm_registry.json"),),
         note="the RL'd LM controller → MLflow `critique-lm`, through the promotion gate")),
+
+    # --- the arena (issue 39; pipelines/arena/dvc.yaml, flows/arena.py): every method on the RouteLLM GSM8K
+    # pool, one split. Each stage skips the (method, seed) outputs it already made with the same settings,
+    # so a retry (or a rerun) resumes.
+    "arena-policies": Stage("stages.arena:policies", ARENA, lambda L: (), retries=1, dvc=Dvc(
+        deps=(*ARENA_DATA, "models", "evaluation/arena_policies.py"), params=("arena",),
+        outs=({"data/arena/policies": {"persist": True}},),
+        note="trivial policies, routers, cascade: fit on train, knob chosen on val, read on test")),
+    "arena-lm": Stage("stages.arena:lm", ARENA, lambda L: (), retries=1, dvc=Dvc(
+        deps=(*ARENA_DATA, "models/critique", "evaluation/critique_lm.py"), params=("arena", "critique_lm"),
+        outs=({"data/arena/lm": {"persist": True}},),
+        note="the LM critique-and-route (002) and CoRL (003) controllers on the arena's split")),
+    "arena-report": Stage("stages.arena:report", ARENA, lambda L: (L.arena_data / "policies", L.arena_data / "lm"),
+                          dvc=Dvc(
+        deps=("data/arena/policies", "data/arena/lm", "evaluation/arena.py", "evaluation/arena_report.py"),
+        params=("arena", "track"),
+        outs=(uncached("reports/arena/accuracy_cost.png"),), metrics=(uncached("benchmarks/results/arena.json"),))),
 
     # --- MTRouter (pipelines/mtrouter/dvc.yaml, flows/mtrouter.py) ---
     # Rollouts through live workers; a rerun resumes, so one retry never duplicates an episode.
@@ -290,6 +310,9 @@ PIPELINES: dict[str, Pipeline] = {
                          dvc_file="pipelines/critique/dvc.yaml"),
     "critique-lm": Pipeline("the LM critique / CoRL controller, then registration (make critique-lm)", CRITIQUE_LM,
                             ("critique-lm", "critique-lm-register"), dvc_file="pipelines/critique/dvc.yaml"),
+    "arena": Pipeline("every method on the RouteLLM GSM8K pool, one split, paired comparisons (issue 39; make arena)",
+                      ARENA, ("arena-policies", "arena-lm", "arena-report"), flow="flows.arena:run_with_log",
+                      dvc_file="pipelines/arena/dvc.yaml"),
     "retrain": Pipeline("retrain on the published prices and pool, then the gate (make retrain)", MAIN,
                         ("retrain-in-force", "retrain-retire", "materialise", "retrain-collect-grid", "reprice",
                          "validate", "grid", "routers", "register", "retrain-track"),
@@ -338,6 +361,9 @@ DVC_FILES: dict[str, DvcFile] = {
         "runs `routerops stage orchestra-…` from the repository root (wdir), the same functions the Prefect\n"
         "flow (flows/orchestra.py, `make orchestra`) runs. It lives apart from the main dvc.yaml because it\n"
         "trains a language model: a plain `dvc repro` (the main pipeline) never starts it."),
+    "pipelines/arena/dvc.yaml": DvcFile(
+        "The arena (issue 39) for DVC: `dvc repro pipelines/arena/dvc.yaml` (or `make arena`): no live call; the\n"
+        "LM controllers' stage is the long one (about 30 min per controller and seed on 2 cores)."),
     "pipelines/critique/dvc.yaml": DvcFile(
         "`dvc repro pipelines/critique/dvc.yaml` (or `make critique`): no live call, ~15 min on 2 cores."),
 }

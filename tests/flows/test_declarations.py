@@ -26,7 +26,7 @@ def called_stages(module_name: str) -> list[str]:
 
 
 def test_every_pipeline_but_the_critique_ones_has_a_flow():
-    assert set(FLOWS) == {"main", "mtrouter", "orchestra", "retrain"}
+    assert set(FLOWS) == {"main", "mtrouter", "orchestra", "retrain", "arena"}
 
 
 @pytest.mark.parametrize("name", sorted(FLOWS))

@@ -76,6 +76,13 @@ def test_the_critique_lm_stage_trains_evaluates_and_records_every_controller(tmp
         fitted = run["controllers"][name]["fitted_verdict"]
         assert 0 < fitted["threshold"] <= 1 and fitted["fitted_on_val_rows"] == 4 and fitted["queries"] == 4
         assert "diff" in fitted["vs"]["logistic"]["controller_minus_baseline"]
+    for name in ("warmup_only", "with_multipliers"):  # the per-query records the arena pairs on (evaluation/arena.py)
+        for record in (run["controllers"][name]["held_out"], run["controllers"][name]["fitted_verdict"]["held_out"]):
+            assert record["rows"] == result["test_rows"] and len(record["correct"]) == len(record["usd"]) == 4
+            assert set(record["final"]) <= {"mistralai/Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-preview"}
+        assert sum(run["controllers"][name]["held_out"]["correct"]) / 4 == run["controllers"][name]["accuracy"]
+    assert set(run["corl_held_out"]) == set(run["corl_warmup_held_out"]) == {"low", "medium", "high"}
+    assert sum(run["corl_held_out"]["high"]["usd"]) / 4 == pytest.approx(run["corl"]["high"]["usd_per_query"])
     assert set(result["summary"]["corl"]) == {"low", "medium", "high"}
     assert "diff" in run["corl"]["high_minus_expert_alone"]
     for adapter in run["adapters"].values():  # with, without and CoRL: LoRA adapters the register stage reads

@@ -12,7 +12,7 @@ from routerops.layout import Layout
 from stages import PIPELINES, STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
-DVC_FILES = [ROOT / "dvc.yaml", *(ROOT / f"pipelines/{name}/dvc.yaml" for name in ("mtrouter", "orchestra", "critique"))]
+DVC_FILES = [ROOT / "dvc.yaml", *(ROOT / f"pipelines/{name}/dvc.yaml" for name in ("mtrouter", "orchestra", "critique", "arena"))]
 
 
 def declared(entries) -> set[str]:
@@ -39,9 +39,10 @@ def test_dvc_outputs_are_layout_paths():
                               layout.mtrouter_tasks, layout.mtrouter_train.folder, layout.mtrouter_eval.folder,
                               layout.mtrouter_routers, layout.orchestra_tasks,
                               *layout.orchestra_teacher.paths(), layout.orchestra_sft, layout.orchestra_rl_tasks,
-                              layout.orchestra_decisions]}
+                              layout.orchestra_decisions, layout.arena_results]}
     dirs = [str(p) for p in (layout.eval_dir, layout.routers_dir, layout.replay_dir, layout.critique_dir, layout.mtrouter_reports,
-                                        layout.orchestra_data, layout.orchestra_reports)]
+                                        layout.orchestra_data, layout.orchestra_reports, layout.arena_data,
+                                        layout.arena_reports)]
     for path in DVC_FILES:
         for stage in yaml.safe_load(path.read_text())["stages"].values():
             for out in declared(stage.get("outs")) | declared(stage.get("metrics")):
