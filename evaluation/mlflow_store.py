@@ -113,7 +113,9 @@ def follow_moved_store(tracking_uri: str, root_uri: str) -> int:
     from mlflow.tracking import MlflowClient
 
     root = local_path(root_uri)
-    if root is None or not root.is_dir() or not tracking_uri.startswith(("sqlite:", "postgresql", "mysql", "mssql")):
+    # Only a SQLite store travels with its project; a team's database server is shared, and one member's
+    # copy of the artifacts must not repoint everyone's runs.
+    if root is None or not root.is_dir() or not tracking_uri.startswith("sqlite:"):
         return 0
     client = MlflowClient(tracking_uri)
     moves: dict[str, str] = {}

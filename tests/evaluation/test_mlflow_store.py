@@ -47,13 +47,18 @@ def project(tmp_path, monkeypatch, new_mlflow_db):
             mlflow.log_text("hello from a", "notes/hello.txt")
             mlflow.pyfunc.log_model(name="echo", python_model=Echo(), registered_model_name="echo",
                                     pip_requirements=["mlflow"])
-        yield folder, run.info.run_id
+        # An experiment laid out as `mlflow ui --default-artifact-root mlflow/artifacts` lays out its own.
+        ui = mlflow.create_experiment("by-ui", artifact_location=str(folder / "mlflow" / "artifacts" / "7"))
+        with mlflow.start_run(experiment_id=ui) as ui_run:
+            mlflow.log_text("from the ui's experiment", "ui.txt")
+        mlflow.set_experiment("moving")
+        yield folder, run.info.run_id, ui_run.info.run_id
     finally:
         mlflow.set_tracking_uri(None)
 
 
 def test_a_moved_or_copied_store_reads_its_own_artifacts_and_models(project, tmp_path, monkeypatch, caplog):
-    a, run_id = project
+    a, run_id, ui_run_id = project
     b = tmp_path / "elsewhere" / "b"
     shutil.copytree(a, b)
     assert all(str(a) in loc for loc in stored_locations(b / "mlflow" / "mlflow.db"))  # MLflow stores absolute paths
@@ -65,13 +70,14 @@ def test_a_moved_or_copied_store_reads_its_own_artifacts_and_models(project, tmp
     assert "MLflow store moved" in caplog.text
     # The copy points at its own folder even while the original is still there (a teammate's copy).
     locations = stored_locations(b / "mlflow" / "mlflow.db")
-    assert len(locations) == 4 and all(str(b / "mlflow" / "artifacts") in loc for loc in locations), locations
+    assert len(locations) == 5 and all(str(b / "mlflow" / "artifacts") in loc for loc in locations), locations
     assert all(str(a) not in loc for loc in locations)
 
     shutil.rmtree(a)  # and it still works once the original is gone (a move)
     use_tracking(TrackConfig(experiment="moving"))  # opening again changes nothing
     assert stored_locations(b / "mlflow" / "mlflow.db") == locations
     assert mlflow.artifacts.load_text(f"runs:/{run_id}/notes/hello.txt") == "hello from a"
+    assert mlflow.artifacts.load_text(f"runs:/{ui_run_id}/ui.txt") == "from the ui's experiment"
     model = mlflow.pyfunc.load_model("models:/echo/1")
     assert list(model.predict(["x"])) == ["echo x"]
     with mlflow.start_run() as run:  # new runs land under the new folder
@@ -81,7 +87,7 @@ def test_a_moved_or_copied_store_reads_its_own_artifacts_and_models(project, tmp
 
 def test_a_new_empty_artifact_root_is_not_taken_for_a_move(project, tmp_path, monkeypatch):
     """Changing track.artifact_root to a new folder moves only new experiments: the old runs keep theirs."""
-    a, run_id = project
+    a, run_id, _ = project
     before = stored_locations(a / "mlflow" / "mlflow.db")
     use_tracking(TrackConfig(experiment="moving", artifact_root=str(tmp_path / "fresh")))
     assert stored_locations(a / "mlflow" / "mlflow.db") == before
