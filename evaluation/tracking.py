@@ -25,6 +25,7 @@ import mlflow.data
 import pandas as pd
 import yaml
 
+from evaluation.mlflow_store import follow_moved_store
 from routerops.config import TrackConfig
 
 
@@ -47,7 +48,7 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def artifact_location(cfg: TrackConfig) -> str:
+def artifact_location(cfg: TrackConfig, create: bool = True) -> str:
     """Where a new experiment keeps its artifacts: env ROUTEROPS_ARTIFACT_ROOT, else track.artifact_root.
 
     A URI (`s3://bucket/prefix`: a team's shared store; MLflow's S3 client reads
@@ -59,16 +60,19 @@ def artifact_location(cfg: TrackConfig) -> str:
     if "://" in root:
         return root.rstrip("/")
     path = Path(root).resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path.as_uri()
 
 
 def use_tracking(cfg: TrackConfig) -> str:
-    """Point MLflow at the configured store (env MLFLOW_TRACKING_URI wins) and experiment."""
+    """Point MLflow at the configured store (env MLFLOW_TRACKING_URI wins) and experiment; a store that
+    moved with its project has its artifact locations rewritten first (evaluation/mlflow_store.py)."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", cfg.tracking_uri)
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
+    follow_moved_store(uri, artifact_location(cfg, create=False))  # a store copied or moved with its project
     if mlflow.get_experiment_by_name(cfg.experiment) is None:
         # The tag makes MLflow 3 open the experiment on its runs table, not the GenAI overview.
         mlflow.create_experiment(cfg.experiment, artifact_location=artifact_location(cfg),
