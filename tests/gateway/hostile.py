@@ -107,7 +107,7 @@ def gateway_for(upstream_url: str, db_url: str, router=None, **config):
     from gateway.champion import Champion, Champions
     from routerops.pricing import load_pool, load_price_book
 
-    pool = load_pool(REPO / "configs" / "pool.yaml")
+    pool = load_pool(REPO / "configs" / "pools" / "embedded-smollm2.yaml")  # smol-direct / smol-cot
     book = load_price_book(REPO / "configs" / "prices" / "current.yaml")
     pool = dataclasses.replace(pool, workers=tuple(dataclasses.replace(w, endpoint=upstream_url) if w.kind == "llm"
                                                    else w for w in pool.workers))

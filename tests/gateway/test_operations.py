@@ -71,7 +71,7 @@ def endpoint():
 @pytest.fixture(scope="module")
 def pool_file(endpoint, tmp_path_factory):
     """smol-direct behind a closed port (every call fails over), smol-cot behind the real endpoint."""
-    pool = yaml.safe_load((REPO / "configs" / "pool.yaml").read_text())
+    pool = yaml.safe_load((REPO / "configs" / "pools" / "embedded-smollm2.yaml").read_text())
     for worker in pool["workers"]:
         if worker["name"] == "smol-direct":
             worker["endpoint"] = f"http://127.0.0.1:{free_port()}/v1"
@@ -177,6 +177,7 @@ def test_serve_refuses_a_router_with_no_champion(champions, tmp_path, capsys):
 
 def test_serve_refuses_a_champion_that_routes_to_a_tool_worker(champions, tmp_path, capsys):
     code, err = serve(capsys, "--router", REFUSED, "--tracking-uri", champions,
+                      "--pool-file", str(REPO / "configs" / "pools" / "embedded-smollm2.yaml"),
                       "--db-url", f"sqlite:///{tmp_path / 'gw.db'}", "--port", str(free_port()))
     lines = err.strip().splitlines()
     assert code == 2 and lines[-1].startswith("routerops: error: ") and "Traceback" not in err, err

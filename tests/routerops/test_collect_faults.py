@@ -47,7 +47,7 @@ async def test_collection_through_injected_faults_finishes_with_the_planned_epis
     proxy = FaultProxy(llm_url, fault_rate=0.2, seed=3, hang_s=HANG_S)
     with proxy as proxy_url:
         pool = faulty_pool(proxy_url)
-        workers = build_workers(pool, local_base_url=None)
+        workers = build_workers(pool, None)
         episodes, turns = await collect(TASKS, POLICIES, QAEnvironment(), workers, book, BUDGET, TURN_LIMIT,
                                         tmp_path, "faults", 0, concurrency=CONCURRENCY, progress=False)
         for worker in workers.values():

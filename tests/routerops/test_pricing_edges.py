@@ -177,7 +177,8 @@ def test_a_logged_outcome_token_count_of_1e30_names_its_row(tmp_path, suffix):
     path = tmp_path / f"t{suffix}"
     frame.to_csv(path, index=False) if suffix == ".csv" else frame.to_parquet(path)
     err = raises_input_error(load_logged_outcomes, path)
-    assert err.field == "completion_tokens" and err.problem.startswith("row 4: 1e+30 is not a token count")
+    where = "line 5" if suffix == ".csv" else "row 4"  # a CSV row by its line in the file (header = line 1)
+    assert err.field == "completion_tokens" and err.problem.startswith(f"{where}: 1e+30 is not a token count")
 
 
 def test_a_non_utf8_logged_outcome_csv_names_the_line_and_offset(tmp_path):

@@ -42,7 +42,7 @@ def test_no_secret_reaches_mlflow_or_the_logs(s3_env, tmp_path, mlflow_db):
     env = {**os.environ, "OPENAI_API_KEY": api_key, "MLFLOW_TRACKING_URI": tracking,
            "ROUTEROPS_ARTIFACT_ROOT": f"s3://{BUCKET}/secrets-test"}
     assert env["AWS_SECRET_ACCESS_KEY"] == s3_secret
-    printed = run_stage(root, "replay", env) + run_stage(root, "track", env)
+    printed = run_stage(root, "outcomes", env) + run_stage(root, "replay", env) + run_stage(root, "track", env)
 
     # The artifacts are in the bucket, which only signed requests reach: the stage did use the secret.
     keys = list_keys(BUCKET, "secrets-test/")

@@ -55,7 +55,7 @@ def test_retrain_after_the_main_run_reprices_without_calls_and_a_sigterm_cancels
         pool = write_pool(root, "pool.yaml", [llm_worker("smol-direct", url, 16, "Reply with the answer."), SYMPY])
         write_params(root, pool, write_book(root, "book-2026-11.yaml", "2026-11-01", cot_input=1.0))
         params, layout = load_params(root / "params.yaml"), Layout(root)
-        collect(params, layout, materialise(params, layout))  # the main pipeline's collection (make demo)
+        collect(params, layout, materialise(params, layout, layout.replay_table))  # main's collection (suites: no table read)
         main_calls = endpoint.requests
         assert main_calls > 0
 
