@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import sqlite3
@@ -57,7 +58,27 @@ def project(tmp_path, monkeypatch, new_mlflow_db):
         mlflow.set_tracking_uri(None)
 
 
-def test_a_moved_or_copied_store_reads_its_own_artifacts_and_models(project, tmp_path, monkeypatch, caplog):
+
+@contextlib.contextmanager
+def warnings_of(name: str):
+    """The WARNING lines one logger writes, read at the logger itself: another test in the same worker
+    may have configured logging (dictConfig disables existing loggers; run logs stop propagation), which
+    pytest's caplog, a handler on the root logger, would not see."""
+    said: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())
+    logger = logging.getLogger(name)
+    before = (logger.level, logger.disabled)
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    logger.disabled = False
+    try:
+        yield said
+    finally:
+        logger.removeHandler(handler)
+        logger.level, logger.disabled = before
+
+def test_a_moved_or_copied_store_reads_its_own_artifacts_and_models(project, tmp_path, monkeypatch):
     a, run_id, ui_run_id = project
     b = tmp_path / "elsewhere" / "b"
     shutil.copytree(a, b)
@@ -65,9 +86,9 @@ def test_a_moved_or_copied_store_reads_its_own_artifacts_and_models(project, tmp
 
     monkeypatch.chdir(b)
     monkeypatch.delenv("MLFLOW_TRACKING_URI")  # b opened as a user there would: params.yaml's relative store
-    with caplog.at_level(logging.WARNING, logger="evaluation.mlflow_store"):
+    with warnings_of("evaluation.mlflow_store") as said:
         assert open_store() == 0  # what `make mlflow-ui` runs before serving
-    assert "MLflow store moved" in caplog.text
+    assert any("MLflow store moved" in line for line in said), said
     # The copy points at its own folder even while the original is still there (a teammate's copy).
     locations = stored_locations(b / "mlflow" / "mlflow.db")
     assert len(locations) == 5 and all(str(b / "mlflow" / "artifacts") in loc for loc in locations), locations
