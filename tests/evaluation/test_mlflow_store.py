@@ -59,6 +59,21 @@ def project(tmp_path, monkeypatch, new_mlflow_db):
 
 
 
+@pytest.fixture(autouse=True)
+def fresh_store_cache():
+    """MLflow caches a store per URI string: `sqlite:///mlflow/mlflow.db` opened by another test in this
+    worker from another folder would be that folder's database here (and this test's, after it)."""
+    from mlflow.tracking._model_registry.registry import ModelRegistryStoreRegistry
+    from mlflow.tracking._tracking_service.registry import TrackingStoreRegistry
+
+    caches = (TrackingStoreRegistry._get_store_with_resolved_uri, ModelRegistryStoreRegistry._get_store_with_resolved_uri)
+    for cache in caches:
+        cache.cache_clear()
+    yield
+    for cache in caches:
+        cache.cache_clear()
+
+
 @contextlib.contextmanager
 def warnings_of(name: str):
     """The WARNING lines one logger writes, read at the logger itself: another test in the same worker
