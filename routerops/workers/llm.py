@@ -21,6 +21,7 @@ from routerops.errors import RouteropsError
 from routerops.pricing import WorkerSpec
 from routerops.types import Payload, WorkerResult
 from routerops.workers.concurrency import ConcurrencyLimit
+from routerops.workers.usage import BadUsage, checked_sdk_usage
 
 LOCAL_API_KEY = "sk-local"  # llama.cpp's server accepts any key unless started with --api_key
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429}) | frozenset(range(500, 600))
@@ -170,15 +171,15 @@ def _to_result(completion) -> WorkerResult:
     usage = getattr(completion, "usage", None)
     if not isinstance(choices, list) or not choices or getattr(choices[0], "message", None) is None:
         raise MalformedResponse(f"no choices in the response: {str(completion)[:200]!r}")
-    if usage is None or getattr(usage, "prompt_tokens", None) is None:
+    # The counts price the trajectory (and the orchestrator's eq. 5 cost term), so they are checked as
+    # the gateway checks what bills a key: a negative, absurd or non-integer count is no real call.
+    try:
+        counts = checked_sdk_usage(usage)
+    except BadUsage as exc:
+        raise MalformedResponse(f"usage the server sent is not a real call's: {exc}") from exc
+    if counts is None or getattr(usage, "prompt_tokens", None) is None:
         raise MalformedResponse("no usage in the response: token counts must come from the server")
-    details = getattr(usage, "prompt_tokens_details", None)
-    return WorkerResult(
-        text=choices[0].message.content or "",
-        prompt_tokens=int(usage.prompt_tokens),
-        completion_tokens=int(usage.completion_tokens or 0),
-        cached_tokens=int(getattr(details, "cached_tokens", None) or 0),
-    )
+    return WorkerResult(text=choices[0].message.content or "", **counts)
 
 
 def failure_kind(exc: BaseException) -> str:

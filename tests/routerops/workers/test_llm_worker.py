@@ -132,3 +132,68 @@ def test_a_missing_api_key_is_reported_by_name(monkeypatch):
     monkeypatch.delenv("ROUTEROPS_TEST_KEY", raising=False)
     with pytest.raises(RouteropsError, match="ROUTEROPS_TEST_KEY"):
         LLMWorker(llm_spec(api_key_env="ROUTEROPS_TEST_KEY"), "https://api.example.invalid/v1")
+
+
+class LyingEndpoint:
+    """A real OpenAI-compatible HTTP server whose every answer reports the usage it is given."""
+
+    def __init__(self, usage):
+        import http.server
+        import json
+        import threading
+
+        body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "liar",
+                           "choices": [{"index": 0, "finish_reason": "stop",
+                                        "message": {"role": "assistant", "content": "42"}}],
+                           "usage": usage}).encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.mark.parametrize("usage", [
+    {"prompt_tokens": -10_000_000, "completion_tokens": -10_000_000},  # a negative charge (issue 42)
+    {"prompt_tokens": 10**20, "completion_tokens": 1},
+    {"prompt_tokens": "many", "completion_tokens": 1},
+    {"prompt_tokens": 5, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 9}},
+])
+async def test_usage_no_real_call_has_is_a_failed_call_not_a_price(usage):
+    server = LyingEndpoint(usage)
+    try:
+        worker = LLMWorker(llm_spec(max_retries=1), server.base_url, backoff=QUICK_BACKOFF)
+        result = await worker.call(ask(0))
+        await worker.aclose()
+    finally:
+        server.close()
+    # the trajectory never carries the counts: the call failed as malformed after its retries
+    assert result.error.startswith("malformed:") and "not a real call's" in result.error
+    assert (result.prompt_tokens, result.completion_tokens) == (0, 0)
+    assert worker.stats.failed_attempts == {"malformed": 2}
+
+
+async def test_honest_usage_from_the_same_server_is_believed():
+    server = LyingEndpoint({"prompt_tokens": 7, "completion_tokens": 1,
+                            "prompt_tokens_details": {"cached_tokens": 3}})
+    try:
+        worker = LLMWorker(llm_spec(), server.base_url)
+        result = await worker.call(ask(0))
+        await worker.aclose()
+    finally:
+        server.close()
+    assert (result.text, result.prompt_tokens, result.completion_tokens, result.cached_tokens) == ("42", 7, 1, 3)
