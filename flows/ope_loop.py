@@ -8,7 +8,6 @@ register, and gate the new version off-policy on the champion's held-out traffic
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from pathlib import Path
 from typing import Any
@@ -77,17 +76,3 @@ def retrain_from_log_flow(log: str, name: str, cutoff: str, params_file: str = "
           f"{report['decision']['reason']}")
     return report
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=("check",))
-    parser.add_argument("--log", required=True)
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--bound", type=float, default=0.1)
-    args = parser.parse_args()
-    drift_check(args.log, args.name, args.params, bound=args.bound)
-
-
-if __name__ == "__main__":
-    main()

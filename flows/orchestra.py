@@ -8,7 +8,6 @@ holds the paper-scale LM settings. The same stages are in pipelines/orchestra/dv
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from prefect import flow
@@ -37,20 +36,9 @@ def orchestra_flow(params_file: str = "params.yaml", root: str = ".") -> Path:
     return registry
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--root", default=".")
-    args = parser.parse_args()
-    run_with_log(args.params, args.root)
-
-
 def run_with_log(params_file: str = "params.yaml", root: str = ".") -> Path:
     """The flow as `make orchestra` runs it (`routerops run orchestra`): quiet console, full log in a file."""
     layout = Layout(Path(root))
     return run_flow_logged("orchestra", orchestra_flow, layout.orchestra_reports, layout.run_log("orchestra"),
                            params_file=params_file, root=root)
 
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """One error style for every command (issue 25): exit 2, one line on stderr naming the file or flag and
 the fix, nothing written, no traceback.
 
-The commands are enumerated from the parsers themselves (stages/cli.py's, and gateway/cli.py's behind
+The commands are enumerated from the parsers themselves (cli/main.py's, and gateway/cli.py's behind
 `routerops gateway`), so a new subcommand is driven here as soon as it exists: each argument is
 classified by its name as an output, an input file or another value, and a new name this table does not
 know fails `test_every_argument_of_every_command_is_classified` until it is added."""
@@ -18,7 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stages import cli, resolve
+from cli import main as cli
+from gateway.cli import add_gateway_parser
 
 REPO = Path(__file__).resolve().parents[2]
 BOOK = REPO / "configs/prices/current.yaml"
@@ -64,7 +65,7 @@ def leaf_commands() -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
         for name, child in subs[0].choices.items():
             if prefix == () and name == "gateway":  # parsed by gateway/cli.py's own parser
                 gateway = argparse.ArgumentParser(prog="routerops")
-                resolve("gateway.cli:add_gateway_parser")(gateway.add_subparsers(dest="command"))
+                add_gateway_parser(gateway.add_subparsers(dest="command"))
                 walk(("gateway",), gateway._subparsers._group_actions[0].choices["gateway"])
             else:
                 walk((*prefix, name), child)
