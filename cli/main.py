@@ -116,48 +116,48 @@ def add_publish_parsers(sub: argparse._SubParsersAction) -> None:
         cmd.add_argument("file")
         cmd.add_argument("--params", default="params.yaml", help="relative to --root (section ops: publish_dir)")
         cmd.add_argument("--root", default=".")
-        cmd.set_defaults(func=publish, kind=kind)
+        cmd.set_defaults(func=run_publish, kind=kind)
 
 
 # Each command's work, imported when it runs (pandas, the routers, MLflow, Prefect, boto3): `--help`,
 # a usage error or a missing input file answers without them (tests/cli/test_cli_imports.py).
-def reprice(args: argparse.Namespace) -> None:
+def run_reprice(args: argparse.Namespace) -> None:
     from cli.data import reprice_command
 
     reprice_command(args)
 
 
-def validate(args: argparse.Namespace) -> None:
+def run_validate(args: argparse.Namespace) -> None:
     from cli.data import validate_command
 
     validate_command(args)
 
 
-def import_qa(args: argparse.Namespace) -> None:
+def run_import_qa(args: argparse.Namespace) -> None:
     from cli.data import import_qa_command
 
     import_qa_command(args)
 
 
-def import_routellm(args: argparse.Namespace) -> None:
+def run_import_routellm(args: argparse.Namespace) -> None:
     from cli.data import import_routellm_command
 
     import_routellm_command(args)
 
 
-def import_llmrouter(args: argparse.Namespace) -> None:
+def run_import_llmrouter(args: argparse.Namespace) -> None:
     from cli.data import import_llmrouter_command
 
     import_llmrouter_command(args)
 
 
-def replay(args: argparse.Namespace) -> None:
+def run_replay(args: argparse.Namespace) -> None:
     from cli.replay import replay_command
 
     replay_command(args)
 
 
-def publish(args: argparse.Namespace) -> None:
+def run_publish(args: argparse.Namespace) -> None:
     from cli.publish import publish_command
 
     publish_command(args)
@@ -188,13 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     reprice.add_argument("--price-book", required=True)
     reprice.add_argument("--out", required=True, help="output folder")
     # (--src is read after --out is checked: a bad --out is named first, as every writer does)
-    reprice.set_defaults(func=reprice, input_files=("price_book",))
+    reprice.set_defaults(func=run_reprice, input_files=("price_book",))
 
     validate = sub.add_parser("validate", help="run the data checks on a trajectory set")
     validate.add_argument("--src", default="data/priced")
     validate.add_argument("--pool", default="configs/pool.yaml")
     validate.add_argument("--price-book", default="configs/prices/current.yaml")
-    validate.set_defaults(func=validate, input_files=("pool", "price_book"),
+    validate.set_defaults(func=run_validate, input_files=("pool", "price_book"),
                           input_dirs=("src",))
 
     import_qa = sub.add_parser("import-qa", help="import a GSM8K / MATH JSONL file as tasks")
@@ -204,14 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
     import_qa.add_argument("--split", default="test")
     import_qa.add_argument("--limit", type=int, default=None)
     import_qa.add_argument("--out", required=True)
-    import_qa.set_defaults(func=import_qa, input_files=("path",))
+    import_qa.set_defaults(func=run_import_qa, input_files=("path",))
 
     routellm = sub.add_parser("import-routellm", help="import RouteLLM's gsm8k_responses.csv as logged outcomes")
     routellm.add_argument("--csv", required=True)
     routellm.add_argument("--contaminated", help="gsm8k_contaminated_prompts.jsonl (those prompts are dropped)")
     routellm.add_argument("--train", help="GSM8K train.jsonl: token counts include RouteLLM's 8-shot prefix")
     routellm.add_argument("--out", required=True)
-    routellm.set_defaults(func=import_routellm,
+    routellm.set_defaults(func=run_import_routellm,
                           input_files=("csv", "contaminated", "train"))
 
     llmrouter = sub.add_parser("import-llmrouter", help="import LLMRouter's nine-model table (dcrouter) as "
@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     llmrouter.add_argument("--fractions", type=float, nargs=3, default=[0.6, 0.2, 0.2], help="train val test")
     llmrouter.add_argument("--completion-tokens", type=int, default=0,
                            help="assumed completion tokens per call (none were logged)")
-    llmrouter.set_defaults(func=import_llmrouter, input_files=("json", "candidates"))
+    llmrouter.set_defaults(func=run_import_llmrouter, input_files=("json", "candidates"))
 
     replay = sub.add_parser("replay", help="router leaderboard on a logged-outcomes table (no live call); "
                                            "`routerops replay serve --table T` serves its responses as endpoints")
@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--params", default="params.yaml",
                         help="its `track` section names the MLflow store (defaults when the file is absent)")
     replay.add_argument("--no-mlflow", action="store_true", help="write the files only, log no MLflow run")
-    replay.set_defaults(func=replay, input_files=("table", "train_table", "prices"))
+    replay.set_defaults(func=run_replay, input_files=("table", "train_table", "prices"))
 
     add_register_parser(sub)
     add_publish_parsers(sub)

@@ -23,19 +23,33 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:
     check = commands.add_parser("check", help="compare the served champion's graded traffic with its "
                                               "registered quality; emit the event once per breach")
     check.add_argument("--log", required=True, help="the gateway's database URL (sqlite:///gateway.db)")
-    check.add_argument("--name", required=True, help="the served router, e.g. router-knn")
+    check.add_argument("--router", required=True, help="the served router, e.g. router-knn")
     check.add_argument("--params", default="params.yaml")
     check.add_argument("--bound", type=float, default=0.1)
     check.set_defaults(func=drift_check_command)
 
 
 def serve_command(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from routerops.config import load_params
+    from routerops.files import check_output
+
+    root = Path(args.root)
+    check_output(root, "--root", folder=True)  # the deployments' workspace and the server's home live there
+    check_output(root / args.home, "--home", folder=True)
+    load_params(root / args.params)  # a bad params file is one line here, before any server starts
     from flows.serve import serve
 
     serve(args.params, args.root, args.home, args.port, args.s3_port)
 
 
 def drift_check_command(args: argparse.Namespace) -> None:
+    from cli.main import check_db_url
+    from routerops.config import load_params
+
+    check_db_url(args.log, "--log")  # the gateway's database, refused in one line before the store opens it
+    load_params(args.params)
     from flows.ope_loop import drift_check
 
-    drift_check(args.log, args.name, args.params, bound=args.bound)
+    drift_check(args.log, args.router, args.params, bound=args.bound)

@@ -29,6 +29,7 @@ JUNK = b"\x00\xff\xfe not what this command reads {[\n"
 # Arguments that name where a command writes. --root is the Layout the stages write data/ and reports/
 # under (and publish its store under); --db-url is the gateway's database.
 OUTPUTS = {"out", "root", "db_url", "prices_out"}  # prices_out: import-llmrouter's price book
+OUTPUTS |= {"home"}  # routerops serve: the Prefect server's home under --root
 # Arguments that name a file (or folder) the command reads.
 INPUTS = {"table", "train_table", "prices", "price_book", "pool", "src", "csv", "contaminated", "train", "path",
           "file", "params", "tracking_uri", "pool_file", "log",
@@ -45,6 +46,7 @@ VALUES |= {"controller", "version", "map"}  # arena evaluate: a registered name,
 VALUES |= {"replay_urls"}  # gateway serve: replay endpoints' URLs, a JSON object (checked by GatewayConfig)
 VALUES |= {"overrides"}  # routerops run --set KEY=VALUE
 VALUES |= {"experiment"}  # replay: the MLflow experiment of its run
+VALUES |= {"s3_port", "bound"}  # routerops serve's S3 port, routerops drift check's bound
 REQUIRED_VALUES = {"budget_usd": "1", "routers": "some-router", "key_id": "abc123", "router": "knn",
                    "controller": "router-none"}  # required options that take a value
 
@@ -96,7 +98,7 @@ def test_every_argument_of_every_command_is_classified():
 
 
 def load_fixture(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / f"tests/stages/{name}.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / f"tests/cli/{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
