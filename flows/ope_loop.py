@@ -46,7 +46,7 @@ def emit(event) -> str | None:
 
 
 def now_iso() -> str:
-    from gateway.store import now_iso as store_now
+    from routerops.decision_log import now_iso as store_now
 
     return store_now()
 
