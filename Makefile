@@ -91,7 +91,7 @@ coverage: install-all
 # The store follows its project folder: opening it first rewrites the artifact paths of a moved or copied
 # store (evaluation/mlflow_store.py; docs/operations/runs.md).
 mlflow-ui: install
-	MLFLOW_TRACKING_URI=sqlite:///mlflow/mlflow.db PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m evaluation.mlflow_store
+	MLFLOW_TRACKING_URI=sqlite:///mlflow/mlflow.db PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m evaluation.tracking
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow/mlflow.db \
 		--default-artifact-root mlflow/artifacts --host 127.0.0.1 --port $${MLFLOW_PORT:-5000}
 
