@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from gateway.errors import RequestError
+from gateway.errors import RequestError, error_response
 from gateway.serving import ARRIVED, KEY, KEY_ID
 
 # Key lookups the database is asked for at once (a verified key is cached: gateway/store.py; an unknown
@@ -188,7 +188,6 @@ class IntakeMiddleware:
         return await self.app(scope, replay(body, receive), send)
 
     async def refuse(self, exc: RequestError, scope, receive, send) -> None:
-        from gateway.app import error_response  # the one renderer of errors
 
         if self.on_refused is not None:
             self.on_refused(exc)

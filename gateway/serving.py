@@ -89,8 +89,7 @@ class HeadRefused(Exception):
 
 def refusal_bytes(status: int, message: str, code: str, retry_after_s: float | None = None) -> bytes:
     """A whole OpenAI-format error response that closes the connection."""
-    from gateway.admission import http_error  # the one writer of protocol-level errors
-    from gateway.errors import RequestError
+    from gateway.errors import RequestError, http_error  # the one writer of protocol-level errors
 
     kind = "server_error" if status >= 500 else "invalid_request_error"
     raw = http_error(RequestError(status, message, kind, code, retry_after_s=retry_after_s))
