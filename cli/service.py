@@ -45,7 +45,7 @@ def serve_command(args: argparse.Namespace) -> None:
 
 
 def drift_check_command(args: argparse.Namespace) -> None:
-    from cli.main import check_db_url
+    from cli.db_url import check_db_url
     from routerops.config import load_params
 
     check_db_url(args.log, "--log")  # the gateway's database, refused in one line before the store opens it

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from routerops.layout import Layout
+from stages.order import MAIN_ORDER, MTROUTER_ORDER
 from stages.loaders import (load_main_params, load_mtrouter_run, load_orchestra_run, load_critique_config,
                             load_critique_lm_config, load_arena_run, stages_arena, stages_critique, stages_mtrouter,
                             stages_orchestra_data, stages_orchestra_evaluate, stages_orchestra_register,
@@ -297,11 +298,9 @@ class Pipeline:
 
 PIPELINES: dict[str, Pipeline] = {
     "main": Pipeline("collect → validate → evaluate → routers → register → replay → track (make demo)", MAIN,
-                     ("outcomes", "materialise", "collect", "reprice", "validate", "evaluate", "grid", "routers", "register",
-                      "replay", "track"), dvc_file="dvc.yaml"),
+                     MAIN_ORDER, dvc_file="dvc.yaml"),
     "mtrouter": Pipeline("MTRouter on ScienceWorld (paper 001; make mtrouter)", MT,
-                         ("mtrouter-collect", "mtrouter-ablations", "mtrouter-evaluate", "mtrouter-analyses",
-                          "mtrouter-register", "mtrouter-track"), dvc_file="pipelines/mtrouter/dvc.yaml"),
+                         MTROUTER_ORDER, dvc_file="pipelines/mtrouter/dvc.yaml"),
     "orchestra": Pipeline("the LM orchestrator: teacher → filter → SFT → RL → evaluate → register (paper 004; "
                           "make orchestra)", ORCH,
                           ("orchestra-tasks", "orchestra-baselines", "orchestra-teacher", "orchestra-probe",
