@@ -106,7 +106,7 @@ prefect-ui: install
 # routerops as a team's service: a real Prefect server (or the one PREFECT_API_URL names), the cpu/gpu
 # work pools, every deployment (the retrain on its cron and on published price books / pools) and a worker.
 serve: install-team
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.serve
+	PATH="$(CURDIR)/$(BIN):$$PATH" routerops serve
 
 # One retrain by hand, under the price book and pool in force (params.yaml: ops).
 retrain: install

@@ -1,6 +1,6 @@
 """MTRouter flow (paper 000): collect → ablations → evaluate → analyses → register → track.
 
-`python -m flows.mtrouter` runs it at small scale on ScienceWorld with the embedded pool
+`routerops run mtrouter` runs it at small scale on ScienceWorld with the embedded pool
 (params.yaml, section `mtrouter`); point `mtrouter.pool` at a vLLM / API pool for the paper scale.
 The same stages are in pipelines/mtrouter/dvc.yaml.
 """

@@ -3,7 +3,7 @@
 `retrain-from-log`, flows/deployments.py): refit on the graded decisions before the event's cut-off,
 register, and gate the new version off-policy on the champion's held-out traffic.
 
-    python -m flows.ope_loop check --log sqlite:///gateway.db --name router-knn     # e.g. from cron
+    routerops drift check --log sqlite:///gateway.db --router router-knn     # e.g. from cron
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The orchestrator flow (paper 004, Uno-Orchestra §4): tasks → baselines, teacher, probe π(0) →
 verifier filter → SFT → RL (Agentic-GRPO) → evaluate before SFT, after SFT and after RL → register.
 
-`python -m flows.orchestra` (`make orchestra`) runs it at small scale on the embedded pool with
+`routerops run orchestra` (`make orchestra`) runs it at small scale on the embedded pool with
 SmolLM2-135M-Instruct as the controller (params.yaml, section `orchestra`); configs/paper/orchestra.yaml
 holds the paper-scale LM settings. The same stages are in pipelines/orchestra/dvc.yaml.
 """

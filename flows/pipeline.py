@@ -1,7 +1,7 @@
 """The main pipeline flow: outcomes → materialise → collect → reprice → validate → evaluate → grid → routers →
 register, replay (real model outcomes) → track.
 
-Run it with `python -m flows.pipeline` from the repository root (what `make demo` does). Each task
+Run it with `routerops run main` from the repository root (what `make demo` does). Each task
 gets the previous stage's real outputs; the same stage functions back `dvc.yaml`, and the flow ends
 by recording its outputs in dvc.lock (`dvc commit`), so `dvc repro` right after is up to date.
 """

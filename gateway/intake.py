@@ -55,7 +55,7 @@ class IntakeLimits:
 
 
 def intake_limits(cfg) -> IntakeLimits:
-    """The intake's limits from a GatewayConfig (gateway/app.py)."""
+    """The intake's limits from a GatewayConfig (gateway/proxy.py)."""
     return IntakeLimits(cfg.max_body_bytes, cfg.body_timeout_s, cfg.max_headers, cfg.max_header_bytes,
                         cfg.key_requests_per_s)
 

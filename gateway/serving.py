@@ -67,7 +67,7 @@ class ServerLimits:
 
 
 def server_limits(cfg) -> ServerLimits:
-    """The protocol's limits from a GatewayConfig (gateway/app.py)."""
+    """The protocol's limits from a GatewayConfig (gateway/proxy.py)."""
     return ServerLimits(cfg.max_header_bytes, cfg.max_headers, cfg.header_timeout_s, cfg.max_connections)
 
 
