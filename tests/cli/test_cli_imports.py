@@ -47,6 +47,9 @@ COMMANDS = {
     "routerops reprice --price-book /nonexistent": ["reprice", "--price-book", "/nonexistent.yaml", "--out", "x"],
     "routerops import-qa /nonexistent": ["import-qa", "/nonexistent.jsonl", "--out", "x"],
     "routerops ope --help": ["ope", "--help"],
+    "routerops serve --help": ["serve", "--help"],
+    "routerops drift check --help": ["drift", "check", "--help"],
+    "routerops run main --no-such-flag": ["run", "main", "--no-such-flag"],
 }
 
 
