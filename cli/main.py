@@ -9,10 +9,10 @@
 
 The CLI is the top floor (docs/architecture.md): it imports flows, the gateway, the stages and the
 services directly, and none of them imports it. This module only parses: each command's work is a
-function below that imports its module when it runs, so `routerops stage reprice` (every dvc.yaml command) and `routerops reprice` start in seconds
-instead of importing torch, transformers, MLflow and Prefect for commands they do not run, and `--help`,
-a mistyped flag or a missing file answer in well under a second (tests/cli/test_cli_imports.py
-counts the modules a parse imports).
+function below that imports its module when it runs, so `routerops stage reprice` (every dvc.yaml
+command) and `routerops reprice` start in seconds instead of importing torch, transformers, MLflow
+and Prefect for commands they do not run, and `--help`, a mistyped flag or a missing file answer in
+well under a second (tests/cli/test_cli_imports.py counts the modules a parse imports).
 Errors in user input end with exit code 2 and one line naming the file and the field.
 """
 
