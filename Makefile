@@ -91,7 +91,7 @@ coverage: install-all
 # The store follows its project folder: opening it first rewrites the artifact paths of a moved or copied
 # store (evaluation/mlflow_store.py; docs/operations/runs.md).
 mlflow-ui: install
-	MLFLOW_TRACKING_URI=sqlite:///mlflow/mlflow.db PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m evaluation.mlflow_store
+	MLFLOW_TRACKING_URI=sqlite:///mlflow/mlflow.db PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m evaluation.tracking
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow/mlflow.db \
 		--default-artifact-root mlflow/artifacts --host 127.0.0.1 --port $${MLFLOW_PORT:-5000}
 
@@ -106,7 +106,7 @@ prefect-ui: install
 # routerops as a team's service: a real Prefect server (or the one PREFECT_API_URL names), the cpu/gpu
 # work pools, every deployment (the retrain on its cron and on published price books / pools) and a worker.
 serve: install-team
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.serve
+	PATH="$(CURDIR)/$(BIN):$$PATH" routerops serve
 
 # One retrain by hand, under the price book and pool in force (params.yaml: ops).
 retrain: install

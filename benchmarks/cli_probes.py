@@ -1,5 +1,5 @@
 """The CLI probes of issue 25 (a hostile user's bad paths and files), run as subprocesses of
-`python -m stages.cli` against a checkout: each probe holds when the command exits 2 with one line on
+`python -m cli` against a checkout: each probe holds when the command exits 2 with one line on
 stderr, no traceback, and nothing written where it was told to write (plus the probe's own check:
 an input left unchanged, a refusal before any work, a replay that runs with --drop-overlap).
 
@@ -72,7 +72,7 @@ def digest(path: Path) -> str:
 
 def run(repo: Path, *args: str, timeout: int = 600) -> tuple[subprocess.CompletedProcess, float]:
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "stages.cli", *args], cwd=repo, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=repo, capture_output=True, text=True,
                           timeout=timeout)
     return done, time.perf_counter() - start
 

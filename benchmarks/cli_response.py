@@ -1,8 +1,8 @@
 """How fast the CLI answers `--help`, a usage error and a bad path (issue 40, item 2): each command in a
-fresh interpreter (`python -c` running stages.cli.main, as the `routerops` script does), its exit
+fresh interpreter (`python -c` running cli.main.main, as the `routerops` script does), its exit
 code, wall time (median of --repeat runs) and the number of modules imported. The module count is the
 stable measure (the machine is shared: wall times move with its load); the tests hold it
-(tests/stages/test_cli_imports.py).
+(tests/cli/test_cli_imports.py).
 
     python benchmarks/cli_response.py [--repo .] [--repeat 3] [--out benchmarks/results/cli_response.json]
 
@@ -29,7 +29,7 @@ COMMANDS = [
     ["run", "main", "--help"],
 ]
 PROBE = """import json, sys
-from stages.cli import main
+from cli.main import main
 try:
     code = main(json.loads(sys.argv[1]))
 except SystemExit as exc:

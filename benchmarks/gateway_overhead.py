@@ -4,7 +4,7 @@ log, proxy) over a direct call to the same OpenAI-compatible endpoint, at a fixe
 Setup, all on 127.0.0.1: a real HTTP endpoint that answers every chat completion after a fixed delay
 (routerops.workers.chaos.DelayedEndpoint) stands for both workers of the pool; a kNN router on
 MiniLM embeddings is fitted, registered in a temporary MLflow store and promoted to champion; the
-gateway runs as its own process (`python -m stages.cli gateway serve`) in front of the endpoint.
+gateway runs as its own process (`python -m cli gateway serve`) in front of the endpoint.
 Every arm sends the same open-loop schedule (one request every 1/rate s, each timed from its own send
 time) of queries drawn from a fixed set whose embeddings the gateway has already cached (one warm-up
 pass): the cached-embedding router of the target. The load generator (LoadGenerator below) is two
@@ -121,7 +121,7 @@ STACKS = {"uvloop+httptools": ("auto", "auto"), "asyncio+h11": ("asyncio", "h11"
 def start_gateway(tmp: Path, uri: str, name: str, pool: Path, db_url: str, loop: str = "auto",
                   http: str = "auto", extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "stages.cli", "gateway", "serve", "--router", name, "--port", str(port),
+    cmd = [sys.executable, "-m", "cli", "gateway", "serve", "--router", name, "--port", str(port),
            "--tracking-uri", uri, "--pool-file", str(pool), "--db-url", db_url, "--log-texts",
            "--loop", loop, "--http", http, *(extra or [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

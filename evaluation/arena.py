@@ -19,6 +19,8 @@ bootstrap resamples of the row's test queries (evaluation.replay.resample_counts
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -188,3 +190,9 @@ def pareto_front(usd: np.ndarray, accuracy: np.ndarray) -> np.ndarray:
             front.append(int(i))
             best = accuracy[i]
     return np.asarray(front, dtype=int)
+
+
+def settings_key(*parts) -> str:
+    """A short digest of the settings an output depends on: a cached output with another key is redone."""
+    text = json.dumps([p if isinstance(p, (dict, list, str, int, float)) else repr(p) for p in parts], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

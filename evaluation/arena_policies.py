@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evaluation.arena import Curve, Outcome
+from evaluation.arena import Curve, Outcome, settings_key
 from evaluation.arena_config import ArenaConfig
 from evaluation.replay import knob_grid, operating_points, strong_weak
 from models.base import RoutingData
@@ -142,8 +142,6 @@ def file_name(policy: str, seed: int) -> str:
 
 def run_policies(cfg: ArenaConfig, root: Path, folder: Path, data: RoutingData | None = None) -> list[Path]:
     """Every trivial policy, router and the cascade on every seed, skipping the cached ones."""
-    from stages.arena import settings_key
-
     data = load_arena_data(cfg, root) if data is None else data
     split = arena_split(cfg, data)
     strong, _ = strong_weak(data.subset(split["train"]))  # the stronger worker on train: GPT-4 here

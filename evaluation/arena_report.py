@@ -247,14 +247,11 @@ def markdown_table(result: dict) -> str:
 
 def write_arena(run: ArenaRun, layout: Layout, policies_dir: Path, lm_dir: Path) -> dict[str, Path]:
     from evaluation.arena_plot import plot_arena
-    from stages.manifest import write_manifest
 
     result = build_rows(run, policies_dir, lm_dir)
     plot = plot_arena(result, layout.arena_reports / "accuracy_cost.png")
     out = schema.write_json_atomic(result, layout.arena_results)
     table = schema.write_text_atomic(markdown_table(result), layout.arena_reports / "arena.md")
     result["mlflow_runs"] = log_to_mlflow(run, result, [out, plot])
-    out = schema.write_json_atomic(result, out)
-    metrics = {f"{r['policy']}/{k}": r[k] for r in result["rows"] for k in ("accuracy", "usd_per_query")}
-    write_manifest(layout.manifests, "arena-report", {"arena": str(run.arena)}, [], [out, plot], metrics)
+    out = schema.write_json_atomic(result, out)  # its manifest: the stage's (stages/arena.py: report)
     return {"results": out, "plot": plot, "table": table}

@@ -37,7 +37,7 @@ from models.critique.lm_prompts import ACCEPT, REJECT, parse_routing, parse_veri
     tail_tokens, verify_messages
 from models.orchestrator.config import GenerationSettings, ModelSpec
 from models.critique.verdict_threshold import VerdictSteer
-from models.orchestrator.sampler import load_controller_engine
+from models.orchestrator.engines import load_controller_engine
 from routerops.errors import InputError
 
 REGISTERED_NAME = "critique-lm"

@@ -130,20 +130,3 @@ def follow_moved_store(tracking_uri: str, root_uri: str) -> int:
         logger.warning("MLflow store moved: artifact locations under %s now under %s", local_path(old), local_path(new))
     logger.warning("MLflow store moved: %d stored locations rewritten", changed)
     return changed
-
-
-def main() -> int:
-    """`python -m evaluation.mlflow_store`: open the project's store as the pipeline does (following a
-    move), before `make mlflow-ui` serves it."""
-    import sys
-
-    from evaluation.tracking import use_tracking
-    from routerops.config import load_params
-
-    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
-    use_tracking(load_params(Path("params.yaml"), sections=("track",)).track)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -62,7 +62,7 @@ def read_log(source: str | Path, router: str | None = None, graded_before: str |
     """The graded decisions of a log: an SQLAlchemy URL (the gateway's database) or an exported
     table (.parquet / .csv with the decision-log columns). `router`: only that served name's rows;
     `graded_before`: only rows created *and* graded before this ISO-8601 UTC time."""
-    from gateway.store import read_decisions
+    from routerops.decision_log import read_decisions
 
     text = str(source)
     if "://" in text:
@@ -81,7 +81,7 @@ def read_log(source: str | Path, router: str | None = None, graded_before: str |
     missing = [c for c in ("decision_id", "router", "chosen", "propensity", "explanation", "score", "cost_usd")
                if c not in frame.columns]
     if missing:
-        raise InputError(source, missing[0], "a decision-log column is missing (gateway/store.py DECISION_COLUMNS)")
+        raise InputError(source, missing[0], "a decision-log column is missing (routerops/decision_log.py DECISION_COLUMNS)")
     if router is not None:
         frame = frame[frame.router == router]
     if graded_before is not None:

@@ -28,7 +28,7 @@ from mlflow.types.schema import ColSpec, Schema
 from evaluation.servable import MODEL_INPUT, read_texts, reject_unknown_columns, servable_json, write_servable_meta
 from models.orchestrator.config import GenerationSettings, ModelSpec
 from models.orchestrator.lm import LMController
-from models.orchestrator.sampler import load_controller_engine
+from models.orchestrator.engines import load_controller_engine
 from routerops.errors import InputError
 from routerops.orchestra.executor import ExecutorConfig, opening, worker_labels
 from routerops.orchestra.grammar import FinalAnswer, GrammarError, TurnContext, parse_turn

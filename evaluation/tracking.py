@@ -261,3 +261,20 @@ def log_dataset_inputs(paths: Iterable[str | Path], recorded_sha256: dict[str, s
     if changed:
         mlflow.set_tag("datasets.changed", ",".join(changed)[:5000])
     return logged
+
+
+def main() -> int:
+    """`python -m evaluation.tracking`: open the project's store as the pipeline does (following a
+    move), before `make mlflow-ui` serves it."""
+    import logging
+    import sys
+
+    from routerops.config import load_params
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    use_tracking(load_params(Path("params.yaml"), sections=("track",)).track)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Prefect deployments of every flow, on named work pools, with the retrain schedule and triggers.
 
 Work pools (params.yaml `ops`):
-- `cpu`: a process pool; `make serve` (`python -m flows.serve`) starts a worker on it on this machine.
+- `cpu`: a process pool; `make serve` (`routerops serve`) starts a worker on it on this machine.
 - `gpu`: a process pool whose job variables target a GPU host: CUDA_VISIBLE_DEVICES, and
   ROUTEROPS_LOCAL_LLM_URL, the host's vLLM server that stands in for the embedded llama.cpp server
   (routerops/workers/server.py). A team starts `prefect worker start --pool gpu` on its GPU hosts.

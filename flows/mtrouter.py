@@ -1,13 +1,12 @@
 """MTRouter flow (paper 000): collect → ablations → evaluate → analyses → register → track.
 
-`python -m flows.mtrouter` runs it at small scale on ScienceWorld with the embedded pool
+`routerops run mtrouter` runs it at small scale on ScienceWorld with the embedded pool
 (params.yaml, section `mtrouter`); point `mtrouter.pool` at a vLLM / API pool for the paper scale.
 The same stages are in pipelines/mtrouter/dvc.yaml.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from prefect import flow
@@ -34,20 +33,9 @@ def mtrouter_flow(params_file: str = "params.yaml", root: str = ".") -> Path:
     return runs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--root", default=".")
-    args = parser.parse_args()
-    run_with_log(args.params, args.root)
-
-
 def run_with_log(params_file: str = "params.yaml", root: str = ".") -> Path:
     """The flow as `make mtrouter` runs it (`routerops run mtrouter`): quiet console, full log in a file."""
     layout = Layout(Path(root))
     return run_flow_logged("mtrouter", mtrouter_flow, layout.mtrouter_reports, layout.run_log("mtrouter"),
                            params_file=params_file, root=root)
 
-
-if __name__ == "__main__":
-    main()

@@ -3,12 +3,11 @@
 `retrain-from-log`, flows/deployments.py): refit on the graded decisions before the event's cut-off,
 register, and gate the new version off-policy on the champion's held-out traffic.
 
-    python -m flows.ope_loop check --log sqlite:///gateway.db --name router-knn     # e.g. from cron
+    routerops drift check --log sqlite:///gateway.db --router router-knn     # e.g. from cron
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ def emit(event) -> str | None:
 
 
 def now_iso() -> str:
-    from gateway.store import now_iso as store_now
+    from routerops.decision_log import now_iso as store_now
 
     return store_now()
 
@@ -77,17 +76,3 @@ def retrain_from_log_flow(log: str, name: str, cutoff: str, params_file: str = "
           f"{report['decision']['reason']}")
     return report
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=("check",))
-    parser.add_argument("--log", required=True)
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--bound", type=float, default=0.1)
-    args = parser.parse_args()
-    drift_check(args.log, args.name, args.params, bound=args.bound)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,14 +1,13 @@
 """The orchestrator flow (paper 004, Uno-Orchestra §4): tasks → baselines, teacher, probe π(0) →
 verifier filter → SFT → RL (Agentic-GRPO) → evaluate before SFT, after SFT and after RL → register.
 
-`python -m flows.orchestra` (`make orchestra`) runs it at small scale on the embedded pool with
+`routerops run orchestra` (`make orchestra`) runs it at small scale on the embedded pool with
 SmolLM2-135M-Instruct as the controller (params.yaml, section `orchestra`); configs/paper/orchestra.yaml
 holds the paper-scale LM settings. The same stages are in pipelines/orchestra/dvc.yaml.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from prefect import flow
@@ -37,20 +36,9 @@ def orchestra_flow(params_file: str = "params.yaml", root: str = ".") -> Path:
     return registry
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--root", default=".")
-    args = parser.parse_args()
-    run_with_log(args.params, args.root)
-
-
 def run_with_log(params_file: str = "params.yaml", root: str = ".") -> Path:
     """The flow as `make orchestra` runs it (`routerops run orchestra`): quiet console, full log in a file."""
     layout = Layout(Path(root))
     return run_flow_logged("orchestra", orchestra_flow, layout.orchestra_reports, layout.run_log("orchestra"),
                            params_file=params_file, root=root)
 
-
-if __name__ == "__main__":
-    main()

@@ -1,14 +1,13 @@
 """The main pipeline flow: outcomes → materialise → collect → reprice → validate → evaluate → grid → routers →
 register, replay (real model outcomes) → track.
 
-Run it with `python -m flows.pipeline` from the repository root (what `make demo` does). Each task
+Run it with `routerops run main` from the repository root (what `make demo` does). Each task
 gets the previous stage's real outputs; the same stage functions back `dvc.yaml`, and the flow ends
 by recording its outputs in dvc.lock (`dvc commit`), so `dvc repro` right after is up to date.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import subprocess
 import sys
@@ -49,15 +48,6 @@ def record_outputs_in_dvc(root: Path) -> None:
     subprocess.run([sys.executable, "-m", "dvc", "commit", "--force", "--quiet", "dvc.yaml"], check=True, cwd=root)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--root", default=".", help="where data/ and reports/ live")
-    parser.add_argument("--no-dvc", action="store_true", help="do not record outputs in dvc.lock")
-    args = parser.parse_args()
-    run_with_summary(args.params, args.root, record_in_dvc=not args.no_dvc)
-
-
 def run_with_summary(params_file: str = "params.yaml", root: str = ".", record_in_dvc: bool = True) -> Path:
     """The flow as `make demo` runs it (`routerops run main`): the console keeps warnings (each once),
     errors and one line per stage; everything else goes to the log file, which the closing summary names."""
@@ -73,6 +63,3 @@ def run_with_summary(params_file: str = "params.yaml", root: str = ".", record_i
     print("\n" + summary, end="")
     return runs
 
-
-if __name__ == "__main__":
-    main()

@@ -10,7 +10,6 @@ Run it by hand with `make retrain` (`routerops run retrain`) from the repository
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from prefect import flow
@@ -42,15 +41,3 @@ def retrain(params_file: str = "params.yaml", root: str = ".", trigger: str = "m
     registry = TASKS["register"](params, layout, grid, router_report)
     return TASKS["retrain-track"](params, layout, now, registry)
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--root", default=".", help="the repository root (params, published files, workspace)")
-    parser.add_argument("--trigger", default="manual", choices=TRIGGERS)
-    args = parser.parse_args()
-    retrain(params_file=args.params, root=args.root, trigger=args.trigger)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""`make serve`: routerops as a team's service on this machine.
+"""`make serve` (`routerops serve`): routerops as a team's service on this machine.
 
 Starts a real Prefect server (unless PREFECT_API_URL names one already: a team's own server), a real
 SeaweedFS S3 store when the team's AWS_* key pair is set (unless ROUTEROPS_S3_ENDPOINT_URL names one), creates
@@ -9,7 +9,6 @@ published price books and pools), starts a worker on the `cpu` pool, and runs un
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
@@ -41,24 +40,19 @@ def team_storage(stack: contextlib.ExitStack, repo: Path, s3_port: int) -> dict[
     return env
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--root", default=".", help="the repository root the deployments run in")
-    parser.add_argument("--home", default=".prefect", help="PREFECT_HOME of the server started here")
-    parser.add_argument("--port", type=int, default=4200)
-    parser.add_argument("--s3-port", type=int, default=8333, help="SeaweedFS's S3 port (with AWS_* keys set)")
-    args = parser.parse_args()
-    repo = Path(args.root).resolve()
-    ops = load_params(repo / args.params).ops
+def serve(params: str = "params.yaml", root: str = ".", home: str = ".prefect", port: int = 4200,
+          s3_port: int = 8333) -> None:
+    """Run until Ctrl-C or SIGTERM (`routerops serve`, cli/service.py, parses the flags)."""
+    repo = Path(root).resolve()
+    ops = load_params(repo / params).ops
     with contextlib.ExitStack() as stack:
         api_url = os.environ.get("PREFECT_API_URL") or stack.enter_context(
-            prefect_server(repo / args.home, port=args.port, log_path=repo / args.home / "server.log"))
+            prefect_server(repo / home, port=port, log_path=repo / home / "server.log"))
         stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api_url}))
-        storage = team_storage(stack, repo, args.s3_port)
-        deployments = deploy_all(repo, ops, args.params)
+        storage = team_storage(stack, repo, s3_port)
+        deployments = deploy_all(repo, ops, params)
         stack.enter_context(prefect_worker(ops.work_pool, api_url, name=f"{ops.work_pool}-{os.uname().nodename}",
-                                           cwd=repo, log_path=repo / args.home / "worker.log", env=storage))
+                                           cwd=repo, log_path=repo / home / "worker.log", env=storage))
         if storage:
             print(f"S3 (SeaweedFS) at {storage['ROUTEROPS_S3_ENDPOINT_URL']}; DVC remote and buckets configured")
         print(f"Prefect API {api_url}; deployments: {', '.join(sorted(deployments))}; "
@@ -70,6 +64,3 @@ def main() -> None:
             stop.wait()
     sys.exit(0)
 
-
-if __name__ == "__main__":
-    main()

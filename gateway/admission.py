@@ -45,13 +45,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import math
 import statistics
 import time
 from dataclasses import dataclass
 
-from gateway.errors import RequestError, error_headers
+from gateway.errors import RequestError, error_response, http_error
 from gateway.serving import ARRIVED, DOOR_CHECKED, KEY_ID
 
 LAG_INTERVAL_S = 0.005  # the loop-lag timer's period
@@ -346,7 +345,6 @@ class Admission:
 
 ADMITTED, WORKER_CALLED = "admitted_at", "worker_called_at"  # scope["state"] keys (the app sets the second)
 ADMITTED_PATHS = ("/v1/chat/completions",)  # the requests admission control applies to
-STATUS_TEXT = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
 class EarlyDoor:
@@ -372,14 +370,6 @@ class EarlyDoor:
         return http_error(refusal)
 
 
-def http_error(exc: RequestError) -> bytes:
-    """An OpenAI-format error as a whole HTTP/1.1 response (the headers of gateway/app.py's error_response)."""
-    body = json.dumps(exc.body()).encode()
-    head = [b"HTTP/1.1 %d %s" % (exc.status, STATUS_TEXT.get(exc.status, b"Error")), b"content-type: application/json",
-            b"content-length: %d" % len(body), *(f"{k}: {v}".encode() for k, v in error_headers(exc).items())]
-    return b"\r\n".join(head) + b"\r\n\r\n" + body
-
-
 class AdmissionMiddleware:
     """Pure ASGI: admits each request to `paths` through `admission`, or answers the 503 itself. An
     admitted request's response carries `Server-Timing: wait;dur=…, gateway;dur=…, worker;dur=…` (ms:
@@ -398,7 +388,6 @@ class AdmissionMiddleware:
         try:
             await self.admission.acquire(arrived, checked=state.get(DOOR_CHECKED, False), key=key)
         except RequestError as exc:
-            from gateway.app import error_response  # the one renderer of errors
 
             if self.on_refused is not None:
                 self.on_refused(exc)

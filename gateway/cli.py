@@ -1,11 +1,11 @@
 """`routerops gateway serve` and `routerops gateway keys create|list|revoke|set-budget|spend` (added to
-stages/cli.py's parser).
+the CLI's parser, cli/main.py).
 
 A key is printed once, on stdout, when it is created; only its sha256 is stored, and it is never logged.
 
 Building this parser imports only argparse, pydantic and the settings model (gateway/settings.py):
 `--help` and a mistyped flag answer before FastAPI, MLflow or torch are imported; each command imports
-what it runs when it runs (tests/stages/test_cli_imports.py counts the modules).
+what it runs when it runs (tests/cli/test_cli_imports.py counts the modules).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import argparse
 import json
 import os
 import signal
+from collections.abc import Callable
 
 from routerops.errors import RouteropsError
 
 DEFAULT_DB = "sqlite:///gateway.db"  # gateway/settings.py's `database` default (a test holds them equal)
 PERIODS = ("hour", "day", "month", "total")  # gateway/store.py's (a test holds them equal)
 QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")  # the worker calls' HTTP clients
-STAMPED_HTTP = "gateway.serving:StampedHttpToolsProtocol"  # uvicorn --http
 SERVE_ENV = "ROUTEROPS_GATEWAY_SERVE"  # --workers N: the configuration each process reads (app_from_env)
 
 
@@ -40,7 +40,7 @@ def add_gateway_parser(sub: argparse._SubParsersAction, serve_flags: bool = True
         from gateway.settings import add_settings_flags
 
         add_settings_flags(serve)
-    serve.set_defaults(func="gateway.cli:serve_command")
+    serve.set_defaults(func=serve_command)
     add_keys_parser(commands)
 
 
@@ -48,29 +48,29 @@ def add_keys_parser(commands: argparse._SubParsersAction) -> None:
     keys = commands.add_parser("keys", help="API keys, their budgets and spend")
     key_commands = keys.add_subparsers(dest="keys_command", required=True)
 
-    def command(name: str, help_text: str, func: str) -> argparse.ArgumentParser:
+    def command(name: str, help_text: str, func: Callable[[argparse.Namespace], None]) -> argparse.ArgumentParser:
         cmd = key_commands.add_parser(name, help=help_text)
         cmd.add_argument("--db-url", default=DEFAULT_DB, help="the gateway's database (its --db-url / `database:`)")
         cmd.set_defaults(func=func)
         return cmd
 
     create = command("create", "create a key with a USD budget per period (the key is printed once)",
-                     "gateway.cli:create_key_command")
+                     create_key_command)
     create.add_argument("--budget-usd", type=float, required=True, help="USD the key may spend per period")
     create.add_argument("--period", choices=PERIODS, default="day", help="the budget's period (UTC)")
     create.add_argument("--name", default="", help="a label shown by `keys list`")
 
     command("list", "every key: id, name, budget, period, revoked, this period's spend",
-            "gateway.keys:list_keys_command")
+            list_keys_command)
     revoke = command("revoke", "revoke a key (a running gateway refuses it within 5 s)",
-                     "gateway.keys:revoke_key_command")
+                     revoke_key_command)
     revoke.add_argument("key_id", help="the key's id: the part after `rk-` (shown by `keys list`)")
-    budget = command("set-budget", "change a key's USD budget (and period)", "gateway.keys:set_budget_command")
+    budget = command("set-budget", "change a key's USD budget (and period)", set_budget_command)
     budget.add_argument("key_id", help="the key's id (shown by `keys list`)")
     budget.add_argument("--budget-usd", type=float, required=True, help="the new USD budget per period")
     budget.add_argument("--period", choices=PERIODS, default=None, help="a new period (default: unchanged)")
     spend = command("spend", "USD spent (and held by requests in flight) per key and period, from the database",
-                    "gateway.keys:spend_command")
+                    spend_command)
     spend.add_argument("--key", dest="key_id", default=None, help="one key's id (default: every key)")
     spend.add_argument("--period", default=None,
                        help="one period, as its start: 2026-12-07 (day), 2026-12-07T14 (hour), 2026-12 (month) or "
@@ -82,6 +82,31 @@ def create_key_command(args: argparse.Namespace) -> None:
 
     key, info = Store(args.db_url).create_key(args.budget_usd, args.period, args.name)
     print(json.dumps({"api_key": key, "key_id": info.key_id, "budget_usd": info.budget_usd, "period": info.period}))
+
+
+# The key commands' work (gateway/keys.py: SQLAlchemy), imported when one runs.
+def list_keys_command(args: argparse.Namespace) -> None:
+    from gateway import keys
+
+    keys.list_keys_command(args)
+
+
+def revoke_key_command(args: argparse.Namespace) -> None:
+    from gateway import keys
+
+    keys.revoke_key_command(args)
+
+
+def set_budget_command(args: argparse.Namespace) -> None:
+    from gateway import keys
+
+    keys.set_budget_command(args)
+
+
+def spend_command(args: argparse.Namespace) -> None:
+    from gateway import keys
+
+    keys.spend_command(args)
 
 
 def serve_command(args: argparse.Namespace) -> None:
@@ -118,13 +143,14 @@ def run_server(settings, tracking_uri: str, stack) -> None:
     import uvicorn
 
     from gateway.app import GatewayConfig, create_app
+    from gateway.serving import StampedHttpToolsProtocol
     from gateway.store import Store
 
     cfg = GatewayConfig(**settings.gateway_fields())
     s = settings.server
     # httptools (a dependency) with each request's arrival in the kernel stamped (gateway/serving.py):
     # admission measures waits from it. h11 has no such stamp: waits count from the app's first sight.
-    http = STAMPED_HTTP if s.http in ("auto", "httptools") else s.http
+    http = StampedHttpToolsProtocol if s.http in ("auto", "httptools") else s.http
     server = {"host": s.host, "port": s.port, "loop": s.loop, "http": http, "log_level": "warning", "access_log": False}
     if s.workers == 1:
         gw = serving_gateway(cfg, tracking_uri, settings)
@@ -139,6 +165,7 @@ def run_server(settings, tracking_uri: str, stack) -> None:
     serving_gateway(cfg, tracking_uri, settings).champions.stop()
     os.environ[SERVE_ENV] = json.dumps({"config": dataclasses.asdict(cfg), "tracking_uri": tracking_uri,
                                         "settings": settings.model_dump(mode="json")})
+    # (uvicorn's supervisor takes the factory as an "module:function" string: its own API, the one left.)
     uvicorn.run("gateway.cli:app_from_env", factory=True, workers=s.workers, **server)
 
 

@@ -1,9 +1,14 @@
-"""The error the gateway answers a request with, in the OpenAI format (gateway/app.py renders it):
-{"error": {"message", "type", "param", "code"}}, as OpenAI's API shapes every error."""
+"""The error the gateway answers a request with, in the OpenAI format, {"error": {"message", "type",
+"param", "code"}}, as OpenAI's API shapes every error; and its two renderers, below every part that
+answers one: `error_response` (the app, its middlewares) and `http_error` (the protocol's early door,
+which writes whole HTTP/1.1 responses itself: gateway/serving.py, gateway/admission.py)."""
 
 from __future__ import annotations
 
+import json
 import math
+
+from starlette.responses import JSONResponse
 
 
 class RequestError(Exception):
@@ -29,3 +34,18 @@ def error_headers(exc: RequestError) -> dict[str, str]:
         headers.update({"retry-after": str(max(1, math.ceil(exc.retry_after_s))),
                         "retry-after-ms": str(int(exc.retry_after_s * 1000))})
     return headers
+
+
+def error_response(exc: RequestError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=error_headers(exc))
+
+
+STATUS_TEXT = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+
+
+def http_error(exc: RequestError) -> bytes:
+    """An OpenAI-format error as a whole HTTP/1.1 response (error_response's headers)."""
+    body = json.dumps(exc.body()).encode()
+    head = [b"HTTP/1.1 %d %s" % (exc.status, STATUS_TEXT.get(exc.status, b"Error")), b"content-type: application/json",
+            b"content-length: %d" % len(body), *(f"{k}: {v}".encode() for k, v in error_headers(exc).items())]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from gateway.errors import RequestError
+from gateway.errors import RequestError, error_response
 from gateway.serving import ARRIVED, KEY, KEY_ID
 
 # Key lookups the database is asked for at once (a verified key is cached: gateway/store.py; an unknown
@@ -55,7 +55,7 @@ class IntakeLimits:
 
 
 def intake_limits(cfg) -> IntakeLimits:
-    """The intake's limits from a GatewayConfig (gateway/app.py)."""
+    """The intake's limits from a GatewayConfig (gateway/proxy.py)."""
     return IntakeLimits(cfg.max_body_bytes, cfg.body_timeout_s, cfg.max_headers, cfg.max_header_bytes,
                         cfg.key_requests_per_s)
 
@@ -188,7 +188,6 @@ class IntakeMiddleware:
         return await self.app(scope, replay(body, receive), send)
 
     async def refuse(self, exc: RequestError, scope, receive, send) -> None:
-        from gateway.app import error_response  # the one renderer of errors
 
         if self.on_refused is not None:
             self.on_refused(exc)

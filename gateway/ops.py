@@ -49,8 +49,6 @@ def add_operations(app: FastAPI, gw: Any) -> None:
         is_ready, body = await readiness(gw)
         return JSONResponse(body, status_code=200 if is_ready else 503)
 
-    telemetry = getattr(gw, "telemetry", None)
-    if telemetry is not None:
-        from gateway.telemetry import TracingMiddleware
-
-        app.add_middleware(TracingMiddleware, telemetry=telemetry)
+    instrument = getattr(gw, "instrument", None)  # an ObservedGateway (gateway/telemetry.py) adds its tracing
+    if instrument is not None:
+        instrument(app)

@@ -47,7 +47,7 @@ SUITE, SPLIT = "gateway", "serve"  # the episode's task is a live request: no su
 
 
 class GatewayServices(Protocol):
-    """What the orchestrated and critiqued answers use of gateway/app.py's Gateway, named here so that
+    """What the orchestrated and critiqued answers use of gateway/proxy.py's Gateway, named here so that
     neither module imports the app, which imports them."""
 
     cfg: Any  # gateway.app.GatewayConfig

@@ -67,7 +67,7 @@ class ServerLimits:
 
 
 def server_limits(cfg) -> ServerLimits:
-    """The protocol's limits from a GatewayConfig (gateway/app.py)."""
+    """The protocol's limits from a GatewayConfig (gateway/proxy.py)."""
     return ServerLimits(cfg.max_header_bytes, cfg.max_headers, cfg.header_timeout_s, cfg.max_connections)
 
 
@@ -89,8 +89,7 @@ class HeadRefused(Exception):
 
 def refusal_bytes(status: int, message: str, code: str, retry_after_s: float | None = None) -> bytes:
     """A whole OpenAI-format error response that closes the connection."""
-    from gateway.admission import http_error  # the one writer of protocol-level errors
-    from gateway.errors import RequestError
+    from gateway.errors import RequestError, http_error  # the one writer of protocol-level errors
 
     kind = "server_error" if status >= 500 else "invalid_request_error"
     raw = http_error(RequestError(status, message, kind, code, retry_after_s=retry_after_s))

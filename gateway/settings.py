@@ -130,7 +130,7 @@ class GatewaySettings(Section):
     observability: Observability = Field(default_factory=Observability)
 
     def gateway_fields(self) -> dict[str, Any]:
-        """The library's GatewayConfig fields (gateway/app.py) these settings give."""
+        """The library's GatewayConfig fields (gateway/proxy.py) these settings give."""
         d, lim = self.defaults, self.limits
         return {"routers": tuple(self.routers), "pool_file": self.pool, "price_book": self.price_book,
                 "db_url": self.database, "local_base_url": self.server.local_base_url,

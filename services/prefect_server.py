@@ -2,7 +2,7 @@
 
 `prefect_server()` runs `prefect server start` (its own PREFECT_HOME and SQLite, or Postgres via
 PREFECT_API_DATABASE_CONNECTION_URL) and yields its API URL; `prefect_worker()` runs
-`prefect worker start --pool NAME` against it. `make serve` (`python -m flows.serve`) and the tests use both.
+`prefect worker start --pool NAME` against it. `make serve` (`routerops serve`) and the tests use both.
 
 `routerops prices publish FILE` / `routerops pool publish FILE` emit `routerops.prices.published` /
 `routerops.pool.published` to the Prefect server at PREFECT_API_URL; the retrain deployment's

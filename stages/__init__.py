@@ -5,20 +5,13 @@ stages and pipelines are declared in stages/declarations.py."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 from routerops.layout import Layout
 from stages.declarations import PIPELINES, STAGES, Pipeline, Stage
 
-__all__ = ["PIPELINES", "STAGES", "Pipeline", "Stage", "resolve", "run_stage", "standalone_stages"]
-
-
-def resolve(reference: str) -> Any:
-    """A "module:function" reference → the function, importing its module."""
-    module, _, name = reference.partition(":")
-    return getattr(importlib.import_module(module), name)
+__all__ = ["PIPELINES", "STAGES", "Pipeline", "Stage", "run_stage", "standalone_stages"]
 
 
 def standalone_stages() -> list[str]:
@@ -32,7 +25,7 @@ def run_stage(name: str, params_file: str | Path = "params.yaml", root: str | Pa
         raise KeyError(f"unknown stage {name!r}; known: {sorted(STAGES)}")
     stage, layout = STAGES[name], Layout(Path(root))
     if stage.inputs is None:
-        flow = next(p.flow for p in PIPELINES.values() if name in p.stages)
-        raise ValueError(f"stage {name!r} runs only inside its flow ({flow}), which gives it its inputs")
-    run, config = resolve(stage.run), resolve(stage.config)
-    return run(config(layout.resolve(params_file)), layout, *stage.inputs(layout))
+        pipeline = next(p for p, declared in PIPELINES.items() if name in declared.stages)
+        raise ValueError(f"stage {name!r} runs only inside its pipeline's flow (`routerops run {pipeline}`), "
+                         "which gives it its inputs")
+    return stage.run()(stage.config(layout.resolve(params_file)), layout, *stage.inputs(layout))

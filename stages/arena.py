@@ -11,22 +11,16 @@ A rerun skips every (method, seed) whose cached output was made with the same se
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from pathlib import Path
 
+from evaluation.arena import settings_key
 from evaluation.arena_config import ArenaRun
 from routerops import schema
 from routerops.layout import Layout
 
 log = logging.getLogger(__name__)
-
-
-def settings_key(*parts) -> str:
-    """A short digest of the settings an output depends on: a cached output with another key is redone."""
-    text = json.dumps([p if isinstance(p, (dict, list, str, int, float)) else repr(p) for p in parts], sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def cached(path: Path, key: str) -> dict | None:
@@ -76,5 +70,11 @@ def lm(run: ArenaRun, layout: Layout) -> Path:
 def report(run: ArenaRun, layout: Layout, policies_dir: Path, lm_dir: Path) -> dict[str, Path]:
     """arena.json, the plot, MLflow runs and registration."""
     from evaluation.arena_report import write_arena
+    from stages.manifest import write_manifest
 
-    return write_arena(run, layout, Path(policies_dir), Path(lm_dir))
+    outputs = write_arena(run, layout, Path(policies_dir), Path(lm_dir))
+    result = json.loads(outputs["results"].read_text())
+    metrics = {f"{r['policy']}/{k}": r[k] for r in result["rows"] for k in ("accuracy", "usd_per_query")}
+    write_manifest(layout.manifests, "arena-report", {"arena": str(run.arena)}, [], [outputs["results"], outputs["plot"]],
+                   metrics)
+    return outputs

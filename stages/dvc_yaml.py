@@ -129,4 +129,4 @@ def add_dvc_yaml_parser(sub) -> None:
                                              "(stages/declarations.py)")
     parser.add_argument("--check", action="store_true", help="write nothing; fail if a file is stale")
     parser.add_argument("--root", default=".", help="the repository root the dvc files live under")
-    parser.set_defaults(func="stages.dvc_yaml:dvc_yaml_command")
+    parser.set_defaults(func=dvc_yaml_command)

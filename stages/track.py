@@ -9,12 +9,12 @@ from evaluation.tracking import log_pipeline_runs
 from routerops import schema
 from routerops.config import Params
 from routerops.layout import Layout
-from stages.declarations import PIPELINES
+from stages.order import MAIN_ORDER, MTROUTER_ORDER
 from stages.routers import inputs_in_force
 
 # The stages whose manifests a track stage logs: every stage its pipeline declares before it.
-PIPELINE_STAGES = [s for s in PIPELINES["main"].stages if s != "track"]
-MTROUTER_STAGES = [s for s in PIPELINES["mtrouter"].stages if s != "mtrouter-track"]
+PIPELINE_STAGES = [s for s in MAIN_ORDER if s != "track"]
+MTROUTER_STAGES = [s for s in MTROUTER_ORDER if s != "mtrouter-track"]
 
 
 def track(params: Params, layout: Layout, *upstream: Path) -> Path:

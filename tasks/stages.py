@@ -15,14 +15,14 @@ from prefect import Task, task
 
 from routerops.config import Params
 from routerops.layout import Layout, Trajectories
-from stages import STAGES, pipeline, resolve
+from stages import STAGES, pipeline
 from tasks.shards import run_shards_on_dask
 
 
 def stage_task(name: str, function: Callable | None = None) -> Task:
     """The Prefect task of stage `name`: `function` (default: the stage's own) under its declared policy."""
     stage = STAGES[name]
-    return task(function or resolve(stage.run), **stage.task_options(name))
+    return task(function or stage.run(), **stage.task_options(name))
 
 
 def collect_on_dask(params: Params, layout: Layout, tasks: Path) -> Trajectories:

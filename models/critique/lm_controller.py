@@ -1,6 +1,6 @@
 """Where the critique / CoRL code gets its LM controller: one factory, so the sampler behind the
 `Controller` protocol (routerops/orchestra/controller.py: `respond(conversations) -> [ControllerTurn]`)
-is a one-line change. It is the RL stage's engine (models/orchestrator/sampler.py: `controller_for`,
+is a one-line change. It is the RL stage's engine (models/orchestrator/engines.py: `controller_for`,
 the fast batched KV-cached sampler over a merged copy of the policy unless settings.engine says
 "transformers"); the training loop re-syncs it to the trainer's weights before every step, so rollouts
 stay on-policy.
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from models.orchestrator.config import GenerationSettings
-from models.orchestrator.sampler import controller_for
+from models.orchestrator.engines import controller_for
 from routerops.orchestra.controller import Controller
 
 

@@ -14,6 +14,8 @@ cost curve (issue 28's goal is read off that curve).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold
@@ -34,18 +36,19 @@ class StackedRouter(Router):
     name = "stacked"
 
     def __init__(self, members: tuple[str, ...] = ("knn", "logistic", "mlp", "mf", "mtrouter", "embedllm", "routerdc_cal"),
-                 n_folds: int = 3, C: float = 1.0, seed: int = 0):
+                 n_folds: int = 3, C: float = 1.0, seed: int = 0, *, make: Callable[[str, int], Router]):
+        # make: registry name, seed → a fresh member (models/registry.py: make_router, which passes itself:
+        # the registry imports this package, so this package does not import the registry).
         if len(members) < 2:
             raise ValueError(f"a stack needs at least two members, got {members}")
         if n_folds < 2:
             raise ValueError(f"n_folds must be ≥ 2, got {n_folds}")
         self.members, self.n_folds, self.C, self.seed = tuple(members), n_folds, C, seed
+        self.make = make
         self.fitted_: list[Router] | None = None
 
     def _make(self, name: str) -> Router:
-        from models.registry import make_router  # the registry imports this package: resolve names late
-
-        return make_router(name, self.seed)
+        return self.make(name, self.seed)
 
     def _member_logits(self, routers: list[Router], data: RoutingData) -> np.ndarray:
         """(n, w, members) logits of each member's P̂."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 from models.orchestrator.lm import base_gguf
-from models.orchestrator.sampler import controller_for
+from models.orchestrator.engines import controller_for
 from routerops.envs.qa import extract_answer
 from routerops.orchestra.executor import WORKER_ACTOR, Executor, TreeShape
 from routerops.workers.cache import WorkerCache

@@ -12,7 +12,7 @@ from pathlib import Path
 from evaluation.baselines import (
     baseline_run_id,
 )
-from models.orchestrator.sampler import load_controller_engine
+from models.orchestrator.engines import load_controller_engine
 from routerops.errors import InputError
 from routerops.layout import Layout
 from routerops.orchestra.curriculum import (

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from stages import cli, resolve
+from cli import main as cli
+from gateway.cli import add_gateway_parser
+from gateway.settings import settings_from
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = ("docs/operations/serve.md", "docs/gateway/index.md")
@@ -45,9 +47,9 @@ def test_a_documented_command_parses(page, argv):
         assert not unknown, f"{page}: {argv}: unknown {unknown}"
         return
     parser = cli.OneLineParser(prog="routerops")
-    resolve("gateway.cli:add_gateway_parser")(parser.add_subparsers(dest="command", required=True))
+    add_gateway_parser(parser.add_subparsers(dest="command", required=True))
     gateway_args = parser.parse_args(["gateway", *args.rest, *unknown])
     if gateway_args.gateway_command == "serve":
-        settings = resolve("gateway.settings:settings_from")(gateway_args)  # the file loads and validates
+        settings = settings_from(gateway_args)  # the file loads and validates
         assert settings.routers, f"{page}: {argv} serves no router"
     assert isinstance(gateway_args, argparse.Namespace)

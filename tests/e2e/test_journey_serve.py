@@ -48,7 +48,7 @@ def tiny_table(path: Path) -> Path:
 
 
 def routerops(*argv: str, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "stages.cli", *argv], cwd=REPO, env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "cli", *argv], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=timeout)
     assert out.returncode == 0, f"routerops {' '.join(argv)}: exit {out.returncode}\n{out.stdout}\n{out.stderr[-3000:]}"
     return out
@@ -94,7 +94,7 @@ def test_table_register_serve_call_and_spend(llm_url, new_mlflow_db, tmp_path):
     port = free_port()
     log = tmp_path / "gateway.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "gateway", "serve", "--config", str(config),
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "gateway", "serve", "--config", str(config),
                                  "--port", str(port)], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import mlflow
-from evaluation.mlflow_store import main as open_store
+from evaluation.tracking import main as open_store
 from evaluation.tracking import use_tracking
 from routerops.config import TrackConfig
 

@@ -183,7 +183,7 @@ def price_book(path: Path, dear_output: float) -> Path:
 @pytest.mark.slow
 def test_cli_reprices_without_touching_accuracy(tmp_path, monkeypatch):
     from routerops.envs.replay import write_logged_outcomes
-    from stages.cli import main as cli
+    from cli.main import main as cli
 
     def main(argv):
         return cli(["replay", *argv])
@@ -238,7 +238,7 @@ class SeenRouter(RandomRouter):
 def test_replay_cli_fits_on_the_train_split_only_and_says_so(tmp_path, monkeypatch):
     from routerops.envs.replay import write_logged_outcomes
     from models import registry
-    from stages.cli import main as cli
+    from cli.main import main as cli
 
     monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setitem(registry.ROUTER_FACTORIES, "recording", lambda seed: SeenRouter(seed=seed))
@@ -261,7 +261,7 @@ def test_replay_cli_fits_on_the_train_split_only_and_says_so(tmp_path, monkeypat
 def test_replay_cli_fits_on_another_table_and_refuses_overlap(tmp_path, monkeypatch):
     from routerops.envs.replay import write_logged_outcomes
     from models import registry
-    from stages.cli import main as cli
+    from cli.main import main as cli
 
     monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setitem(registry.ROUTER_FACTORIES, "recording", lambda seed: SeenRouter(seed=seed))

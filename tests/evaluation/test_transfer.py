@@ -40,7 +40,7 @@ def test_a_registered_router_is_scored_on_another_table_through_its_replay_endpo
     from evaluation.serving import ServedRouter
     from evaluation.tracking import use_tracking
     from models.baselines import LogisticRouter, QueryFeaturizer
-    from stages.cli import main
+    from cli.main import main
 
     uri = f"sqlite:///{mlflow_db}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

@@ -75,7 +75,7 @@ def write_params(root: Path, pool: Path, book: Path) -> None:
 
 def publish(root: Path, kind: str, path: Path, api_url: str) -> str:
     env = {**os.environ, "PREFECT_API_URL": api_url}
-    out = subprocess.run([sys.executable, "-m", "stages.cli", kind, "publish", str(path), "--root", str(root)],
+    out = subprocess.run([sys.executable, "-m", "cli", kind, "publish", str(path), "--root", str(root)],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "emitted routerops." in out.stdout, out.stdout

@@ -1,4 +1,4 @@
-"""`make serve` (python -m flows.serve) from a checkout: a real Prefect server, SeaweedFS with the
+"""`make serve` (routerops serve) from a checkout: a real Prefect server, SeaweedFS with the
 team's key pair, the work pools, every deployment and a worker on the cpu pool; SIGTERM stops all."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_make_serve_starts_the_team_services(tmp_path):
     env.update(AWS_ACCESS_KEY_ID="team-key", AWS_SECRET_ACCESS_KEY="team-secret-0123456789")
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.serve", "--port", str(port), "--s3-port", str(s3_port),
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(port), "--s3-port", str(s3_port),
                                  "--home", str(tmp_path / "prefect-home")], cwd=repo, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:

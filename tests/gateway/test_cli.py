@@ -54,7 +54,7 @@ def champion(mlflow_registry) -> str:
 @pytest.mark.slow
 def test_sigterm_stops_the_gateway_and_the_local_llm_server_it_started(champion, mlflow_registry, tmp_path):
     port = free_port()
-    cmd = [sys.executable, "-m", "stages.cli", "gateway", "serve", "--router", champion, "--local-server",
+    cmd = [sys.executable, "-m", "cli", "gateway", "serve", "--router", champion, "--local-server",
            "--pool-file", "configs/pools/embedded-smollm2.yaml",  # llama.cpp only: no replay table needed
            "--port", str(port), "--tracking-uri", mlflow_registry,
            "--db-url", f"sqlite:///{tmp_path / 'gateway.db'}"]

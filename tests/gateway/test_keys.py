@@ -8,7 +8,7 @@ import json
 import pytest
 
 from gateway.store import Store, period_start
-from stages import cli
+from cli import main as cli
 
 
 def run(capsys, *argv: str) -> tuple[int, list[dict], str]:

@@ -20,7 +20,7 @@ import pytest
 from gateway.app import Gateway, GatewayConfig
 from gateway.store import read_decisions
 from routerops.workers.chaos import DelayedEndpoint
-from stages.cli import main as cli
+from cli.main import main as cli
 from tests.gateway.test_gateway import BOOK, NAME, POOL, register_surface_router, set_champion
 
 pytestmark = pytest.mark.slow

@@ -28,7 +28,7 @@ from models.baselines import LogisticRouter, QueryFeaturizer
 from routerops.pricing import load_pool, load_price_book
 from routerops.workers.chaos import DelayedEndpoint
 from routerops.workers.server import free_port
-from stages import cli
+from cli import main as cli
 
 pytestmark = pytest.mark.slow
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]

@@ -53,7 +53,7 @@ def test_unknown_keys_and_bad_values_are_refused_by_name(tmp_path):
 
 
 def test_every_gateway_config_field_has_a_settings_key_and_a_flag():
-    """A field added to GatewayConfig (gateway/app.py) must be added to the settings file and a flag."""
+    """A field added to GatewayConfig (gateway/proxy.py) must be added to the settings file and a flag."""
     given = GatewaySettings(routers=["r"]).gateway_fields()
     assert set(given) == {f.name for f in dataclasses.fields(GatewayConfig)}
     GatewayConfig(**given)  # and the settings' values are valid ones

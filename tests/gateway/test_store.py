@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gateway.store import BudgetRefused, Store, period_start, read_decisions
-from stages.cli import main
+from cli.main import main
 
 
 def test_keys_are_stored_hashed_and_looked_up_by_hash(tmp_path):

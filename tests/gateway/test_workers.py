@@ -61,7 +61,7 @@ def start(tmp_path: Path, name: str, endpoint: str, db_url: str, tracking_uri: s
             worker["endpoint"] = endpoint
     (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
     port = free_port()
-    cmd = [sys.executable, "-m", "stages.cli", "gateway", "serve", "--router", name, "--workers", "2",
+    cmd = [sys.executable, "-m", "cli", "gateway", "serve", "--router", name, "--workers", "2",
            "--port", str(port), "--tracking-uri", tracking_uri, "--pool-file", str(tmp_path / "pool.yaml"),
            "--db-url", db_url, "--max-overhead-ms", "0",  # budgets are the subject: a burst is not shed here
            "--max-queue-wait-s", "60"]

@@ -12,6 +12,7 @@ from sklearn.metrics import roc_auc_score
 from evaluation.replay import run_replay_benchmark
 from evaluation.serving import ServedRouter
 from models.base import RoutingData
+from models.registry import make_router
 from models.kworkers import EmbedLLMRouter, GraphRouter, RouterDCRouter
 from models.kworkers.routerdc import pick_contrast_sets, sample_llm_loss, sample_sample_loss
 from models import registry
@@ -158,7 +159,7 @@ def test_bad_configuration_and_too_few_queries_are_rejected(split):
 
 def test_stack_out_of_fold_predictions_never_read_their_own_outcomes(split):
     train, _ = split
-    stack = StackedRouter(members=("knn", "logistic"), n_folds=3, seed=0)
+    stack = StackedRouter(members=("knn", "logistic"), n_folds=3, seed=0, make=make_router)
     oof = stack.out_of_fold(train)
     flipped = train.subset(np.arange(len(train)))
     flipped.scores = flipped.scores.copy()
@@ -170,7 +171,7 @@ def test_stack_out_of_fold_predictions_never_read_their_own_outcomes(split):
 
 def test_stack_learns_per_worker_weights_and_predicts_probabilities(split):
     train, test = split
-    stack = StackedRouter(members=("knn", "logistic"), n_folds=3, seed=0).fit(train)
+    stack = StackedRouter(members=("knn", "logistic"), n_folds=3, seed=0, make=make_router).fit(train)
     quality = stack.predict_quality(test)
     assert quality.shape == (len(test), 4) and ((quality >= 0) & (quality <= 1)).all()
     weights = stack.weights()
@@ -179,7 +180,7 @@ def test_stack_learns_per_worker_weights_and_predicts_probabilities(split):
     assert (weights[0] > 0).any()  # worker 0's P̂ leans on its members' P̂
     assert roc_auc_score(test.scores[:, 0], quality[:, 0]) >= 0.9
     with pytest.raises(ValueError):
-        StackedRouter(members=("knn",))
+        StackedRouter(members=("knn",), make=make_router)
 
 
 # ---------------------------------------------------------------- through the harness and serving

@@ -1,5 +1,5 @@
 """The closing summary of `make demo`, read from a real run's reports (tests/routerops/data/tiny_run:
-the reports of `python -m flows.pipeline` at the e2e test's tiny scale, replay bootstrap off), and the
+the reports of `routerops run main` at the e2e test's tiny scale, replay bootstrap off), and the
 console/file split of routerops.runlog."""
 
 from __future__ import annotations

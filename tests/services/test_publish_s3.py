@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 def test_published_price_book_is_uploaded_to_the_team_bucket(s3_env, tmp_path, monkeypatch, capsys):
     from routerops.schema import file_sha256
     from services.s3 import download_file, object_version
-    from stages.cli import main
+    from cli.main import main
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({

@@ -22,7 +22,7 @@ BUCKET = "routerops-mlflow"
 
 def run_stage(root: Path, name: str, env: dict[str, str]) -> str:
     """`routerops stage NAME` on the copy's own code; returns what it printed (stdout + stderr)."""
-    out = subprocess.run([sys.executable, "-m", "stages.cli", "stage", name], cwd=root, env=env,
+    out = subprocess.run([sys.executable, "-m", "cli", "stage", name], cwd=root, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout + out.stderr

@@ -56,7 +56,7 @@ def test_sharded_stage_writes_the_tables_one_shard_writes(tmp_path):
             if shards == 1:
                 collect(params, layout, tasks)
             else:  # as dvc.yaml runs it
-                out = subprocess.run([sys.executable, "-m", "stages.cli", "stage", "collect", "--root", str(layout.root)],
+                out = subprocess.run([sys.executable, "-m", "cli", "stage", "collect", "--root", str(layout.root)],
                                      cwd=REPO, capture_output=True, text=True, timeout=300)
                 assert out.returncode == 0, out.stderr[-2000:]
             runs[shards] = (layout, collection_run_id(params, layout, tasks))

@@ -1,6 +1,6 @@
 """The critique stage (pipelines/critique/dvc.yaml) end to end on the bundled RouteLLM GSM8K table at the
 smallest scale (two folds, three training iterations), run as a user would: `routerops run critique`
-with the scale given by `--set` (stages/run_command.py), params.yaml untouched."""
+with the scale given by `--set` (cli/run.py), params.yaml untouched."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 def test_the_critique_stage_reports_every_controller_out_of_fold_beside_the_replay_routers(tmp_path):
     from routerops.layout import Layout
-    from stages import cli
+    from cli import main as cli
 
     section = yaml.safe_load((REPO / "params.yaml").read_text())["critique"]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"critique": section}))

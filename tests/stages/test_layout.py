@@ -50,12 +50,10 @@ def test_dvc_outputs_are_layout_paths():
 
 
 def test_every_stage_reference_resolves_to_a_function():
-    """Stages are named "module:function" and imported when they run: a typo would only show when
-    that stage runs, so resolve them all here."""
-    from stages import resolve
-
+    """A stage's module is imported when it runs (stages/loaders.py): a wrong name would only show when
+    that stage runs, so load them all here."""
     for name, stage in STAGES.items():
-        assert callable(resolve(stage.run)) and callable(resolve(stage.config)), name
+        assert callable(stage.run()) and callable(stage.config), name
 
 
 @pytest.mark.slow
@@ -66,7 +64,7 @@ def test_the_command_line_imports_no_stack_it_does_not_run():
     import sys
 
     heavy = ["torch", "transformers", "mlflow", "prefect", "peft", "sklearn"]
-    code = ("import sys; import stages.cli; from stages import resolve; resolve('stages.data_commands:reprice_command'); "
-            "resolve('stages.pipeline:reprice'); print(sorted(m for m in %r if m in sys.modules))" % heavy)
+    code = ("import sys; import cli.main; import cli.data; from stages import STAGES; STAGES['reprice'].run(); "
+            "print(sorted(m for m in %r if m in sys.modules))" % heavy)
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

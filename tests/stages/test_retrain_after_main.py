@@ -34,7 +34,7 @@ SYMPY = {"name": "sympy", "kind": "sympy", "primitives": ["sympy"], "attributes"
 
 
 def routerops(root: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "stages.cli", *args], cwd=root, env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "cli", *args], cwd=root, env=env, capture_output=True,
                          text=True, timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr
     return out
@@ -90,7 +90,7 @@ def test_retrain_after_the_main_run_reprices_without_calls_and_a_sigterm_cancels
         book.write_text(yaml.safe_dump({**book_doc, "version": "2026-12-02"}))
         routerops(root, "prices", "publish", str(book), "--root", str(root), env=env)
         routerops(root, "pool", "publish", str(pool_b), "--root", str(root), env=env)
-        proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "run", "retrain", "--root", str(root)], cwd=root,
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "retrain", "--root", str(root)], cwd=root,
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 600
         while endpoint.requests == main_calls and proc.poll() is None and time.monotonic() < deadline:

@@ -3,7 +3,7 @@ declared retry and print policy, wrapping the very function `routerops stage NAM
 
 from __future__ import annotations
 
-from stages import STAGES, resolve
+from stages import STAGES
 from tasks.stages import TASKS, collect_on_dask
 
 
@@ -11,7 +11,7 @@ def test_one_task_per_stage_named_after_it_running_the_stage_function():
     assert set(TASKS) == set(STAGES)
     for name, task in TASKS.items():
         assert task.name == name
-        assert task.fn is (collect_on_dask if name == "collect" else resolve(STAGES[name].run)), name
+        assert task.fn is (collect_on_dask if name == "collect" else STAGES[name].run()), name
 
 
 def test_the_declared_policies_reach_the_tasks():

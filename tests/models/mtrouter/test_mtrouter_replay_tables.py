@@ -169,7 +169,7 @@ def write_csv_table(path, n: int = 30):
 @pytest.mark.slow
 def test_routerops_replay_runs_mtrouter_from_a_csv_table(tmp_path, monkeypatch):
     from models.registry import shared_history_encoder
-    from stages.cli import main
+    from cli.main import main
 
     monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
     shared_history_encoder.cache_clear()  # its disk cache then lives under this test's tmp_path

@@ -19,7 +19,8 @@ from models.orchestrator.lm import base_gguf
 from models.orchestrator import llama_engine
 from models.orchestrator.llama_sampler import LlamaCppSampler, rotary_rows, write_lora_gguf
 from models.orchestrator.rl import RLSettings, RLTrainer
-from models.orchestrator.sampler import controller_for, nucleus_logprobs
+from models.orchestrator.engines import controller_for
+from models.orchestrator.sampler import nucleus_logprobs
 from routerops.errors import InputError
 from tests.models.orchestrator.test_sampler import prompts, randomise_adapter, trainer_logprobs
 

@@ -15,7 +15,8 @@ import torch
 from models.orchestrator.config import GenerationSettings
 from models.orchestrator.lm import LMController
 from models.orchestrator.rl import RLSettings, RLTrainer, RolloutBatch
-from models.orchestrator.sampler import FastSampler, common_prefix, controller_for
+from models.orchestrator.engines import controller_for
+from models.orchestrator.sampler import FastSampler, common_prefix
 
 pytestmark = pytest.mark.slow
 

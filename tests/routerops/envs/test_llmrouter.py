@@ -71,7 +71,7 @@ def test_price_book_round_trips(tmp_path):
 
 
 def test_command_writes_a_replayable_table(tmp_path):
-    from stages.data_commands import import_llmrouter_command
+    from cli.data import import_llmrouter_command
 
     path, cpath = write_source(tmp_path)
     args = argparse.Namespace(json=str(path), candidates=str(cpath), out=str(tmp_path / "t.parquet"),

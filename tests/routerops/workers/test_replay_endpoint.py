@@ -104,7 +104,7 @@ def test_max_tokens_below_the_logged_completion_cuts_it_and_counts_the_cap(clien
 
 
 def test_a_table_without_responses_is_refused_naming_the_file_and_the_column(tmp_path, capsys):
-    from stages.cli import main
+    from cli.main import main
 
     path = tiny_table(tmp_path, with_response=False)
     with pytest.raises(InputError, match="response") as refused:

@@ -26,7 +26,7 @@ def edited_book(tmp_path: Path, name: str, version: str) -> Path:
 
 @pytest.mark.slow
 def test_cli_publish_without_a_server_stores_the_file_and_says_no_retrain_ran(tmp_path, monkeypatch, capsys):
-    from stages.cli import main
+    from cli.main import main
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"pool": {"file": str(POOL_FILE)},

@@ -13,7 +13,7 @@ import pytest
 
 from routerops.errors import InputError
 from routerops.pricing import load_pool
-from stages import cli
+from cli import main as cli
 
 REPO = Path(__file__).resolve().parents[2]
 

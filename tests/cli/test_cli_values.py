@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from stages import cli
-from stages.run_command import lock_root
+from cli import main as cli
+from cli.run import lock_root
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,7 @@ HEAVY = ("pydantic", "torch", "transformers", "mlflow", "prefect", "pandas", "sk
 # Run main(argv) in a fresh interpreter; print its exit code and the top-level modules it imported.
 PROBE = """
 import json, sys
-from stages.cli import main
+from cli.main import main
 try:
     code = main(json.loads(sys.argv[1]))
 except SystemExit as exc:
@@ -47,6 +47,9 @@ COMMANDS = {
     "routerops reprice --price-book /nonexistent": ["reprice", "--price-book", "/nonexistent.yaml", "--out", "x"],
     "routerops import-qa /nonexistent": ["import-qa", "/nonexistent.jsonl", "--out", "x"],
     "routerops ope --help": ["ope", "--help"],
+    "routerops serve --help": ["serve", "--help"],
+    "routerops drift check --help": ["drift", "check", "--help"],
+    "routerops run main --no-such-flag": ["run", "main", "--no-such-flag"],
 }
 
 
@@ -76,11 +79,11 @@ def test_the_probe_sees_a_heavy_import():
 
 
 def test_the_parser_copies_of_library_constants_match_the_libraries():
-    """stages/cli.py and gateway/cli.py spell a few names out instead of importing their (heavy) modules."""
+    """cli/main.py and gateway/cli.py spell a few names out instead of importing their (heavy) modules."""
     from gateway import cli as gateway_cli
     from gateway import store
     from routerops import publishing
-    from stages import cli
+    from cli import main as cli
 
     from gateway.settings import GatewaySettings
 

@@ -20,7 +20,7 @@ BOOK = REPO / "configs/prices/current.yaml"
 
 
 def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stages.cli", *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=300)
 
 

@@ -1,4 +1,4 @@
-"""`routerops register`'s inputs (stages/register_table.py), without fitting: a pipeline root's priced
+"""`routerops register`'s inputs (cli/register_table.py), without fitting: a pipeline root's priced
 single-worker episodes read as a logged-outcome table, and the two splits (the table's column, or a
 seeded split that keeps every query's rows on one side). The whole command runs in
 tests/e2e/test_journey_serve.py."""
@@ -15,7 +15,7 @@ from routerops.envs.suites import write_tasks
 from routerops.errors import InputError
 from routerops.layout import Layout
 from routerops.types import Task
-from stages.register_table import check_args, read_table, split_rows
+from cli.register_table import check_args, read_table, split_rows
 
 WORKERS = ("smol-direct", "smol-cot")
 

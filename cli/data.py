@@ -1,5 +1,5 @@
 """`routerops reprice`, `routerops validate`, `routerops import-qa`, `routerops import-routellm`:
-the commands that move and check data (stages/cli.py parses their arguments)."""
+the commands that move and check data (cli/main.py parses their arguments)."""
 
 from __future__ import annotations
 

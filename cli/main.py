@@ -1,15 +1,18 @@
-"""Command line: `routerops run PIPELINE [--set KEY=VALUE]` (a whole pipeline; stages/run_command.py),
+"""Command line: `routerops run PIPELINE [--set KEY=VALUE]` (a whole pipeline; cli/run.py),
 `routerops stage NAME` (any stage of any pipeline; what dvc.yaml runs), `routerops dvc-yaml` (stages/dvc_yaml.py),
-`routerops replay`, `routerops replay serve` (routerops/workers/replay_endpoint.py), `routerops reprice`, `routerops validate`, `routerops import-qa`,
-`routerops import-routellm`, `routerops import-llmrouter`, `routerops prices|pool publish FILE`, `routerops ope` (stages/ope_command.py),
-`routerops register` (stages/register_command.py),
+`routerops replay` (cli/replay.py), `routerops replay serve` (routerops/workers/replay_endpoint.py), `routerops reprice`,
+`routerops validate`, `routerops import-qa`, `routerops import-routellm`, `routerops import-llmrouter` (cli/data.py),
+`routerops prices|pool publish FILE` (cli/publish.py), `routerops ope` (cli/ope.py), `routerops register`
+(cli/register.py), `routerops arena evaluate` (cli/transfer.py), `routerops serve`, `routerops drift check`
+(cli/service.py),
 `routerops gateway serve|keys create|list|revoke|set-budget|spend` (gateway/cli.py).
 
-This module only parses: each command is named by reference ("module:function") and imported when it
-runs, so `routerops stage reprice` (every dvc.yaml command) and `routerops reprice` start in seconds
-instead of importing torch, transformers, MLflow and Prefect for commands they do not run, and `--help`,
-a mistyped flag or a missing file answer in well under a second (tests/stages/test_cli_imports.py
-counts the modules a parse imports).
+The CLI is the top floor (docs/architecture.md): it imports flows, the gateway, the stages and the
+services directly, and none of them imports it. This module only parses: each command's work is a
+function below that imports its module when it runs, so `routerops stage reprice` (every dvc.yaml
+command) and `routerops reprice` start in seconds instead of importing torch, transformers, MLflow
+and Prefect for commands they do not run, and `--help`, a mistyped flag or a missing file answer in
+well under a second (tests/cli/test_cli_imports.py counts the modules a parse imports).
 Errors in user input end with exit code 2 and one line naming the file and the field.
 """
 
@@ -25,10 +28,12 @@ from pathlib import Path
 
 from routerops.errors import InputError, RouteropsError
 from routerops.files import check_output
-from stages import resolve, run_stage, standalone_stages
+from cli.db_url import check_db_url
+from cli.register import add_register_parser
+from cli.run import FLOWS, add_run_parser
+from cli.service import add_service_parsers
+from stages import run_stage, standalone_stages
 from stages.dvc_yaml import add_dvc_yaml_parser
-from stages.register_command import add_register_parser
-from stages.run_command import PIPELINES, add_run_parser
 
 
 def stage_command(args: argparse.Namespace) -> None:
@@ -40,60 +45,22 @@ def stage_command(args: argparse.Namespace) -> None:
 def gateway_command(args: argparse.Namespace) -> None:
     """`routerops gateway ...`, parsed by gateway/cli.py's own parser: serve's flags come from the
     gateway's settings model (pydantic), so it is built only when asked for, and `keys` goes without."""
+    from gateway.cli import add_gateway_parser  # argparse only; serve's flags import pydantic when asked for
+
     parser = OneLineParser(prog="routerops")
     serve_flags = args.rest[:1] != ["keys"]  # `keys` needs none of serve's flags (nor pydantic)
-    resolve("gateway.cli:add_gateway_parser")(parser.add_subparsers(dest="command", required=True), serve_flags)
+    add_gateway_parser(parser.add_subparsers(dest="command", required=True), serve_flags)
     gateway_args = parser.parse_args(["gateway", *args.rest])
     if getattr(gateway_args, "db_url", None) is not None:
         check_db_url(gateway_args.db_url)
     if gateway_args.gateway_command == "serve":  # the settings file with the flags over it (pydantic only)
-        gateway_args.settings = resolve("gateway.settings:settings_from")(gateway_args)
+        from gateway.settings import settings_from
+
+        gateway_args.settings = settings_from(gateway_args)
         if gateway_args.db_url is None:
             where = f"database (in {gateway_args.config})" if gateway_args.config else "--db-url"
             check_db_url(gateway_args.settings.database, where)
-    func = gateway_args.func
-    (resolve(func) if isinstance(func, str) else func)(gateway_args)
-
-
-SQLITE_MAGIC = b"SQLite format 3\x00"
-
-
-def check_db_url(url: str, flag: str = "--db-url") -> None:
-    """Refuse, before the store opens it, a database URL that would end in a driver's traceback: not
-    an SQLAlchemy URL, a scheme no installed dialect serves, an SQLite file whose folder does not exist
-    or that is not an SQLite database. (Only the URL is checked; a server's availability is not.)"""
-    import sqlalchemy as sa
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-
-    try:
-        parsed = sa.engine.make_url(url)
-        parsed.get_dialect()
-    except NoSuchModuleError:
-        scheme = url.partition("://")[0]
-        raise InputError("command line", flag, f"unknown database scheme {scheme!r} in {url!r}: use "
-                         "sqlite:///PATH (a file) or postgresql://USER@HOST/DB") from None
-    except (ArgumentError, ValueError) as exc:
-        raise InputError("command line", flag, f"{url!r} is not a database URL ({exc}): use sqlite:///PATH "
-                         "or postgresql://USER@HOST/DB") from None
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return
-    db = Path(parsed.database)
-    if db.is_dir():
-        raise InputError(db, flag, "is a folder: name the database file, such as sqlite:///" + str(db / "gateway.db"))
-    if db.exists():
-        try:
-            with open(db, "rb") as fh:
-                head = fh.read(len(SQLITE_MAGIC))
-        except OSError as exc:
-            raise InputError(db, flag, f"cannot read the database ({exc.strerror}): check its permissions") from None
-        if head and head != SQLITE_MAGIC:
-            raise InputError(db, flag, "exists and is not an SQLite database: give a new file name or the "
-                             "gateway's database")
-        return
-    if not db.parent.is_dir():
-        raise InputError(db, flag, f"its folder {db.parent} does not exist: create it (mkdir -p {db.parent}) "
-                         "or choose another path")
-    check_output(db, flag)
+    gateway_args.func(gateway_args)
 
 
 # routerops/publishing.py's kinds and event names (it imports pandas: not at parse time; a test holds them equal).
@@ -109,7 +76,51 @@ def add_publish_parsers(sub: argparse._SubParsersAction) -> None:
         cmd.add_argument("file")
         cmd.add_argument("--params", default="params.yaml", help="relative to --root (section ops: publish_dir)")
         cmd.add_argument("--root", default=".")
-        cmd.set_defaults(func="stages.publish_command:publish_command", kind=kind)
+        cmd.set_defaults(func=run_publish, kind=kind)
+
+
+# Each command's work, imported when it runs (pandas, the routers, MLflow, Prefect, boto3): `--help`,
+# a usage error or a missing input file answers without them (tests/cli/test_cli_imports.py).
+def run_reprice(args: argparse.Namespace) -> None:
+    from cli.data import reprice_command
+
+    reprice_command(args)
+
+
+def run_validate(args: argparse.Namespace) -> None:
+    from cli.data import validate_command
+
+    validate_command(args)
+
+
+def run_import_qa(args: argparse.Namespace) -> None:
+    from cli.data import import_qa_command
+
+    import_qa_command(args)
+
+
+def run_import_routellm(args: argparse.Namespace) -> None:
+    from cli.data import import_routellm_command
+
+    import_routellm_command(args)
+
+
+def run_import_llmrouter(args: argparse.Namespace) -> None:
+    from cli.data import import_llmrouter_command
+
+    import_llmrouter_command(args)
+
+
+def run_replay(args: argparse.Namespace) -> None:
+    from cli.replay import replay_command
+
+    replay_command(args)
+
+
+def run_publish(args: argparse.Namespace) -> None:
+    from cli.publish import publish_command
+
+    publish_command(args)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -137,13 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
     reprice.add_argument("--price-book", required=True)
     reprice.add_argument("--out", required=True, help="output folder")
     # (--src is read after --out is checked: a bad --out is named first, as every writer does)
-    reprice.set_defaults(func="stages.data_commands:reprice_command", input_files=("price_book",))
+    reprice.set_defaults(func=run_reprice, input_files=("price_book",))
 
     validate = sub.add_parser("validate", help="run the data checks on a trajectory set")
     validate.add_argument("--src", default="data/priced")
     validate.add_argument("--pool", default="configs/pool.yaml")
     validate.add_argument("--price-book", default="configs/prices/current.yaml")
-    validate.set_defaults(func="stages.data_commands:validate_command", input_files=("pool", "price_book"),
+    validate.set_defaults(func=run_validate, input_files=("pool", "price_book"),
                           input_dirs=("src",))
 
     import_qa = sub.add_parser("import-qa", help="import a GSM8K / MATH JSONL file as tasks")
@@ -153,14 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
     import_qa.add_argument("--split", default="test")
     import_qa.add_argument("--limit", type=int, default=None)
     import_qa.add_argument("--out", required=True)
-    import_qa.set_defaults(func="stages.data_commands:import_qa_command", input_files=("path",))
+    import_qa.set_defaults(func=run_import_qa, input_files=("path",))
 
     routellm = sub.add_parser("import-routellm", help="import RouteLLM's gsm8k_responses.csv as logged outcomes")
     routellm.add_argument("--csv", required=True)
     routellm.add_argument("--contaminated", help="gsm8k_contaminated_prompts.jsonl (those prompts are dropped)")
     routellm.add_argument("--train", help="GSM8K train.jsonl: token counts include RouteLLM's 8-shot prefix")
     routellm.add_argument("--out", required=True)
-    routellm.set_defaults(func="stages.data_commands:import_routellm_command",
+    routellm.set_defaults(func=run_import_routellm,
                           input_files=("csv", "contaminated", "train"))
 
     llmrouter = sub.add_parser("import-llmrouter", help="import LLMRouter's nine-model table (dcrouter) as "
@@ -173,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     llmrouter.add_argument("--fractions", type=float, nargs=3, default=[0.6, 0.2, 0.2], help="train val test")
     llmrouter.add_argument("--completion-tokens", type=int, default=0,
                            help="assumed completion tokens per call (none were logged)")
-    llmrouter.set_defaults(func="stages.data_commands:import_llmrouter_command", input_files=("json", "candidates"))
+    llmrouter.set_defaults(func=run_import_llmrouter, input_files=("json", "candidates"))
 
     replay = sub.add_parser("replay", help="router leaderboard on a logged-outcomes table (no live call); "
                                            "`routerops replay serve --table T` serves its responses as endpoints")
@@ -199,16 +210,17 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--params", default="params.yaml",
                         help="its `track` section names the MLflow store (defaults when the file is absent)")
     replay.add_argument("--no-mlflow", action="store_true", help="write the files only, log no MLflow run")
-    replay.set_defaults(func="stages.replay_command:replay_command", input_files=("table", "train_table", "prices"))
+    replay.set_defaults(func=run_replay, input_files=("table", "train_table", "prices"))
 
     add_register_parser(sub)
     add_publish_parsers(sub)
-    from stages.transfer_command import add_arena_parser  # the command's work is imported when it runs
+    from cli.transfer import add_arena_parser  # the command's work is imported when it runs
 
     add_arena_parser(sub)
-    from stages.ope_command import add_ope_parser  # numpy only: the command's work is imported when it runs
+    from cli.ope import add_ope_parser  # numpy only: the command's work is imported when it runs
 
     add_ope_parser(sub)
+    add_service_parsers(sub)
     gateway = sub.add_parser("gateway", add_help=False,
                              help="serve the champion routers behind an OpenAI-compatible API (serve | keys "
                                   "create|list|revoke|set-budget|spend)")
@@ -225,7 +237,7 @@ def replay_serve_parser() -> argparse.ArgumentParser:
 
     parser = OneLineParser(prog="routerops replay serve",
                            description="serve a logged-outcome table's responses over the OpenAI chat API")
-    add_serve_arguments(parser).set_defaults(command="replay-serve", func="stages.cli:replay_serve_command")
+    add_serve_arguments(parser).set_defaults(command="replay-serve", func=replay_serve_command)
     return parser
 
 
@@ -253,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         parser = build_parser()
         args, unknown = parser.parse_known_args(argv)
-    if not (args.command == "run" and PIPELINES[args.name].flow):  # a flow logs through Prefect's console
+    if not (args.command == "run" and args.name in FLOWS):  # a flow logs through Prefect's console
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # and run_log
     if args.command == "gateway":  # its options belong to gateway/cli.py's parser
         args.rest = [*args.rest, *unknown]
@@ -261,8 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         check_input_files(args)
-        func = resolve(args.func) if isinstance(args.func, str) else args.func
-        func(args)
+        args.func(args)
     except RouteropsError as exc:
         print(f"routerops: error: {one_line(str(exc))}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """`routerops prices publish FILE` / `routerops pool publish FILE`: validate, version and store,
 upload to the team's bucket, emit the event the retrain deployment's trigger waits for
-(stages/cli.py parses the arguments)."""
+(cli/main.py parses the arguments)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The work of `routerops register` (stages/register_command.py parses it): my logged outcomes → a
+"""The work of `routerops register` (cli/register.py parses it): my logged outcomes → a
 fitted router → the promotion gate → a registered version, `champion` when it passes → the serve command.
 
 The same path as the main pipeline's register stage (stages/routers.py: register): the router is

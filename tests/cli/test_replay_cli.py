@@ -50,7 +50,7 @@ def write(table: pd.DataFrame, path: Path) -> Path:
 
 
 def replay(table: Path, prices: Path, out: Path, *extra: str, mlflow: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stages.cli", "replay", "--table", str(table), "--prices", str(prices), "--out", str(out),
+    return subprocess.run([sys.executable, "-m", "cli", "replay", "--table", str(table), "--prices", str(prices), "--out", str(out),
                            "--routers", "random", "oracle", "--seeds", "0", *extra, *([] if mlflow else ["--no-mlflow"])],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 

@@ -1,7 +1,7 @@
 """One error style for every command (issue 25): exit 2, one line on stderr naming the file or flag and
 the fix, nothing written, no traceback.
 
-The commands are enumerated from the parsers themselves (stages/cli.py's, and gateway/cli.py's behind
+The commands are enumerated from the parsers themselves (cli/main.py's, and gateway/cli.py's behind
 `routerops gateway`), so a new subcommand is driven here as soon as it exists: each argument is
 classified by its name as an output, an input file or another value, and a new name this table does not
 know fails `test_every_argument_of_every_command_is_classified` until it is added."""
@@ -18,7 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stages import cli, resolve
+from cli import main as cli
+from gateway.cli import add_gateway_parser
 
 REPO = Path(__file__).resolve().parents[2]
 BOOK = REPO / "configs/prices/current.yaml"
@@ -28,6 +29,7 @@ JUNK = b"\x00\xff\xfe not what this command reads {[\n"
 # Arguments that name where a command writes. --root is the Layout the stages write data/ and reports/
 # under (and publish its store under); --db-url is the gateway's database.
 OUTPUTS = {"out", "root", "db_url", "prices_out"}  # prices_out: import-llmrouter's price book
+OUTPUTS |= {"home"}  # routerops serve: the Prefect server's home under --root
 # Arguments that name a file (or folder) the command reads.
 INPUTS = {"table", "train_table", "prices", "price_book", "pool", "src", "csv", "contaminated", "train", "path",
           "file", "params", "tracking_uri", "pool_file", "log",
@@ -44,6 +46,7 @@ VALUES |= {"controller", "version", "map"}  # arena evaluate: a registered name,
 VALUES |= {"replay_urls"}  # gateway serve: replay endpoints' URLs, a JSON object (checked by GatewayConfig)
 VALUES |= {"overrides"}  # routerops run --set KEY=VALUE
 VALUES |= {"experiment"}  # replay: the MLflow experiment of its run
+VALUES |= {"s3_port", "bound"}  # routerops serve's S3 port, routerops drift check's bound
 REQUIRED_VALUES = {"budget_usd": "1", "routers": "some-router", "key_id": "abc123", "router": "knn",
                    "controller": "router-none"}  # required options that take a value
 
@@ -64,7 +67,7 @@ def leaf_commands() -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
         for name, child in subs[0].choices.items():
             if prefix == () and name == "gateway":  # parsed by gateway/cli.py's own parser
                 gateway = argparse.ArgumentParser(prog="routerops")
-                resolve("gateway.cli:add_gateway_parser")(gateway.add_subparsers(dest="command"))
+                add_gateway_parser(gateway.add_subparsers(dest="command"))
                 walk(("gateway",), gateway._subparsers._group_actions[0].choices["gateway"])
             else:
                 walk((*prefix, name), child)
@@ -95,7 +98,7 @@ def test_every_argument_of_every_command_is_classified():
 
 
 def load_fixture(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / f"tests/stages/{name}.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / f"tests/cli/{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,5 +1,5 @@
 """`routerops replay`: a router leaderboard on a logged-outcomes table, no live call
-(stages/cli.py parses its arguments)."""
+(cli/main.py parses its arguments)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CALLER = """
 import os, time
-from stages.run_command import prefect_api
+from cli.run import prefect_api
 with prefect_api():
     print(os.environ["PREFECT_API_URL"], flush=True)
     time.sleep(600)

@@ -1,4 +1,4 @@
-"""`routerops run PIPELINE --set KEY=VALUE` (stages/run_command.py): overrides applied to a copy of the
+"""`routerops run PIPELINE --set KEY=VALUE` (cli/run.py): overrides applied to a copy of the
 params file, checked by the pipeline's own loader, errors naming the `--set`. The whole front door
 runs end to end in tests/stages/test_critique.py (`routerops run critique --set ...`)."""
 
@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from routerops.errors import InputError
-from stages import cli
-from stages.run_command import PIPELINES, apply_overrides, check_config, params_for_run
+from cli import main as cli
+from cli.run import PIPELINES, apply_overrides, check_config, params_for_run
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ rows fitted, `val` rows gated; --split-column, --train-split, --gate-split) or, 
 seeded split of the queries (--gate-fraction, --seed). `--trajectories ROOT` reads a main pipeline's
 priced single-worker episodes under ROOT (data/priced, data/suites/tasks.jsonl) as the table.
 
-This module only parses (argparse and the path checks); the work is stages/register_table.py,
+This module only parses (argparse and the path checks); the work is cli/register_table.py,
 imported when the command runs.
 """
 
@@ -48,4 +48,10 @@ def add_register_parser(sub: argparse._SubParsersAction) -> None:
                      help="the pool the router will be served over (checked: each worker must be an LLM there)")
     cmd.add_argument("--tracking-uri", default=None,
                      help="MLflow store holding the registry (default: MLFLOW_TRACKING_URI, else params.yaml's track)")
-    cmd.set_defaults(func="stages.register_table:register_command")
+    cmd.set_defaults(func=register)
+
+
+def register(args: argparse.Namespace) -> None:
+    from cli.register_table import register_command  # pandas, the routers, MLflow: when the command runs
+
+    register_command(args)

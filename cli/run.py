@@ -14,7 +14,7 @@ import argparse
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,45 @@ import yaml
 from routerops.errors import InputError
 from routerops.files import read_yaml_mapping
 from stages.declarations import PIPELINES, Pipeline  # declared with their stages there
+
+
+# The pipelines that run as a Prefect flow, each flow imported when its run starts (Prefect, MLflow and
+# the routers take seconds to import; `routerops run --help` must not pay for them). The flows sit
+# above the stages, so the stage table does not name them: only this top floor does. A pipeline
+# without one runs its stages in order, as `routerops stage NAME` would.
+def main_flow():
+    from flows.pipeline import run_with_summary
+
+    return run_with_summary
+
+
+def mtrouter_flow():
+    from flows.mtrouter import run_with_log
+
+    return run_with_log
+
+
+def orchestra_flow():
+    from flows.orchestra import run_with_log
+
+    return run_with_log
+
+
+def arena_flow():
+    from flows.arena import run_with_log
+
+    return run_with_log
+
+
+def retrain_flow():
+    from flows.retrain import retrain
+
+    return retrain
+
+
+FLOWS: dict[str, Callable[[], Callable[..., Any]]] = {
+    "main": main_flow, "mtrouter": mtrouter_flow, "orchestra": orchestra_flow, "arena": arena_flow,
+    "retrain": retrain_flow}
 
 
 def add_run_parser(sub) -> None:
@@ -34,7 +73,7 @@ def add_run_parser(sub) -> None:
                      help="change one params value for this run, e.g. orchestra.rl.max_steps=4 (repeatable)")
     run.add_argument("--params", default="params.yaml", help="relative to --root")
     run.add_argument("--root", default=".", help="where data/, reports/ and mlflow/ live")
-    run.set_defaults(func="stages.run_command:run_command")
+    run.set_defaults(func=run_command)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -83,10 +122,8 @@ def params_for_run(name: str, root: Path, params: str, overrides: list[str]) -> 
 
 def check_config(pipeline: Pipeline, path: Path, overrides: list[str]) -> None:
     """The pipeline's own loader on the file it will read; an error in a key given with --set names it."""
-    from stages import resolve
-
     try:
-        resolve(pipeline.config)(path)
+        pipeline.config(path)
     except InputError as exc:
         for text in overrides:
             key = text.partition("=")[0].strip()
@@ -97,21 +134,21 @@ def check_config(pipeline: Pipeline, path: Path, overrides: list[str]) -> None:
 
 # The files the main pipeline's params name, each with the loader of its kind: a value such as
 # `collect.price_book: /etc/shadow` is refused before any stage runs (issue 42 item 8).
-MAIN_FILES = {"pool.file": "routerops.pricing:load_pool", "collect.price_book": "routerops.pricing:load_price_book",
-              "reprice.price_book": "routerops.pricing:load_price_book",
-              "replay.price_book": "routerops.pricing:load_price_book"}
+MAIN_FILES = {"pool.file": "pool", "collect.price_book": "price book", "reprice.price_book": "price book",
+              "replay.price_book": "price book"}
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def check_files(pipeline_name: str, path: Path, root: Path, overrides: list[str]) -> None:
     """Each file the params name is a YAML file that loads as its kind (a pool, a price book); an
     error names the params key (or the `--set` that set it) and the file."""
-    from stages import resolve
-
     if pipeline_name != "main":
         return  # the other pipelines' loaders read their own files
+    from routerops.pricing import load_pool, load_price_book  # pandas: once the parse is done
+
+    loaders = {"pool": load_pool, "price book": load_price_book}
     raw = read_yaml_mapping(path)
-    for key, loader in MAIN_FILES.items():
+    for key, kind in MAIN_FILES.items():
         section, _, name = key.partition(".")
         value = (raw.get(section) or {}).get(name)
         if value is None:
@@ -122,7 +159,7 @@ def check_files(pipeline_name: str, path: Path, root: Path, overrides: list[str]
                 raise InputError(file, "<file>", f"is not a {' or '.join(YAML_SUFFIXES)} file")
             if not file.is_file():
                 raise InputError(file, "<file>", "does not exist (paths are relative to --root)")
-            resolve(loader)(file)
+            loaders[kind](file)
         except InputError as exc:
             where = next((f"--set {key}" for text in overrides if text.partition("=")[0].strip() == key), key)
             source = "command line" if where.startswith("--set") else path
@@ -180,7 +217,7 @@ def prefect_api() -> Iterator[None]:
         try:
             yield
         finally:
-            from stages.flow_runner import drain_prefect_workers
+            from cli.flow_runner import drain_prefect_workers
 
             drain_prefect_workers()  # the run's queued logs and events, while the server still listens
             os.environ.pop("PREFECT_API_URL", None)
@@ -188,7 +225,7 @@ def prefect_api() -> Iterator[None]:
 
 def run_command(args: argparse.Namespace) -> None:
     from routerops.files import check_output
-    from stages import resolve, run_stage
+    from stages import run_stage
 
     root = Path(args.root)
     check_output(root, "--root", folder=True)
@@ -203,11 +240,11 @@ def run_command(args: argparse.Namespace) -> None:
         if not locked:  # a new root (--params given elsewhere): created once the checks passed
             root.mkdir(parents=True, exist_ok=True)
             lock.enter_context(lock_root(root))
-        if pipeline.flow:
-            flow = resolve(pipeline.flow)
+        if args.name in FLOWS:
+            flow = FLOWS[args.name]()
             with prefect_api():
-                if hasattr(flow, "fn"):  # a Prefect flow itself: SIGTERM / Ctrl-C cancel it (stages/flow_runner.py)
-                    from stages.flow_runner import prefect_home, run_flow_cancellable
+                if hasattr(flow, "fn"):  # a Prefect flow itself: SIGTERM / Ctrl-C cancel it (cli/flow_runner.py)
+                    from cli.flow_runner import prefect_home, run_flow_cancellable
 
                     run_flow_cancellable(flow, args.name, params, prefect_home(), params_file=str(params.resolve()),
                                          root=str(root))

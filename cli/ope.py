@@ -41,7 +41,7 @@ def add_ope_parser(sub: argparse._SubParsersAction) -> None:
     ope.add_argument("--min-ess", type=float, default=30.0)
     ope.add_argument("--params", default="params.yaml", help="its `track` section says where MLflow is")
     ope.add_argument("--out", default="reports/ope")
-    ope.set_defaults(func="stages.ope_command:ope_command")
+    ope.set_defaults(func=ope_command)
 
 
 def resolve_router(ref: str) -> tuple[str, Any]:

@@ -24,7 +24,7 @@ def add_arena_parser(sub: argparse._SubParsersAction) -> None:
                           help="router worker = table worker (default: the pool's replay `model`, else the name)")
     evaluate.add_argument("--pool", default="configs/pool.yaml", help="pool whose replay workers name the table's")
     evaluate.add_argument("--out", default="reports/arena/transfer.json")
-    evaluate.set_defaults(func="stages.transfer_command:arena_evaluate_command")
+    evaluate.set_defaults(func=arena_evaluate_command)
 
 
 def parse_map(pairs: list[str]) -> dict[str, str]:
