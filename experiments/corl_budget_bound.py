@@ -16,7 +16,7 @@ Why: after RL our controller called GPT-4 on 99–100 % of queries in both the m
 high mode (docs/critique/lm.md). If even the best length rule calls it on nearly every query at $0.02,
 "medium < high" is not a reachable target at that budget on this table, whatever the controller.
 
-    python benchmarks/corl_budget_bound.py [--params params.yaml] [--budgets 0.001 0.006 0.02 1000]
+    python experiments/corl_budget_bound.py [--params params.yaml] [--budgets 0.001 0.006 0.02 1000]
 """
 
 from __future__ import annotations
@@ -100,10 +100,10 @@ def main() -> None:
     ap.add_argument("--params", type=Path, default=REPO / "params.yaml")
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.001, 0.006, 0.02, 1000.0],
                     help="B (USD per query): ours are 0.001 / 0.02 / 1000; 003's multi-expert medium is 0.006")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "corl_budget_bound.json")
+    ap.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "corl_budget_bound.json")
     args = ap.parse_args()
     started = time.perf_counter()
-    result = {"benchmark": "corl_budget_bound", "command": " ".join(["python benchmarks/corl_budget_bound.py", *sys.argv[1:]]),
+    result = {"benchmark": "corl_budget_bound", "command": " ".join(["python experiments/corl_budget_bound.py", *sys.argv[1:]]),
               "protocol": "fixed split of the critique table (protocol.split_seed); the length rule is fitted on "
                           "the training rows only and read on every split; no controller involved",
               **run(args.params, args.budgets)}

@@ -1,7 +1,7 @@
 """What CoRL's first RL steps do to the choice, read on training rows only (issue 24's diagnosis).
 
 From a CoRL warm-up adapter (`--adapter`; without it, the warm-up is trained first as
-benchmarks/critique_lm.py does), run `--steps` RL steps of `train_controller` and report:
+experiments/critique_lm.py does), run `--steps` RL steps of `train_controller` and report:
 - per step, for each (mode, choice) the drawn nodes' count, summed advantage (after the configured
   weighting) and mean reward, i.e. the direction that step pushes each mode;
 - p(expert) at the choice token, at T = the RL temperature, with the `<thinking>` text teacher-forced,
@@ -11,7 +11,7 @@ Nothing here reads validation or test rows. Settings are params.yaml's `critique
 `--lr`, `--queries-per-step`, `--group`, `--balance/--no-balance` and `--contrast/--no-contrast` to
 replay older settings. Writes the report as JSON to `--out`.
 
-    python benchmarks/corl_step_probe.py [--adapter DIR] [--seed 0] [--steps 1] [--lr 1e-4] \
+    python experiments/corl_step_probe.py [--adapter DIR] [--seed 0] [--steps 1] [--lr 1e-4] \
         [--queries-per-step 6] [--group 4] [--no-balance] [--no-contrast] [--out FILE]
 """
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             lm_train.update = update
         trainer.model.eval()
         after = choice_probability(trainer.model, trainer.tokenizer, table, probe, cfg.rl.temperature)
-    report = {"command": " ".join(["python", "benchmarks/corl_step_probe.py", *(argv or sys.argv[1:])]),
+    report = {"command": " ".join(["python", "experiments/corl_step_probe.py", *(argv or sys.argv[1:])]),
               "corl": dataclasses.asdict(cfg.corl), "seed": args.seed,
               "p_expert_before": before, "p_expert_after": after, "steps": steps,
               "sampled_expert_share": [{k: v for k, v in r.items() if k.startswith("expert_share")} for r in summary["history"]]}

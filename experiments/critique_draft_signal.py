@@ -12,7 +12,7 @@ from
   last line's arithmetic annotation `<<a=b>>` is wrong (checked here with Python); the draft's length,
 - and each single visible feature, with the share of drafts that show it and Mixtral's accuracy there.
 
-    python benchmarks/critique_draft_signal.py [--params params.yaml] [--out benchmarks/results/critique_draft_signal.json]
+    python experiments/critique_draft_signal.py [--params params.yaml] [--out experiments/results/critique_draft_signal.json]
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def cv_auc(x: np.ndarray, y: np.ndarray, seed: int = 0) -> float:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/critique_draft_signal.json")
+    parser.add_argument("--out", type=Path, default=REPO / "experiments/results/critique_draft_signal.json")
     args = parser.parse_args(argv)
     from models.embeddings import SentenceEncoder
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
     names = list(visible_features("").keys())
     visible = np.array([[visible_features(d)[n] for n in names] for d in drafts])
     result = {
-        "benchmark": "critique_draft_signal", "command": "python benchmarks/critique_draft_signal.py "
+        "benchmark": "critique_draft_signal", "command": "python experiments/critique_draft_signal.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "protocol": f"training rows of the fixed split (seed {cfg.protocol.split_seed}) only, 5-fold CV AUC",
         "weak_agent": data.workers[weak], "train_rows": len(train), "weak_accuracy": float(right.mean()),

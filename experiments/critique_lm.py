@@ -4,9 +4,9 @@
 router and the cascade at the controller's strong-agent share. Writes wall time, tokens/s (generated
 + trained) and peak memory (max RSS) beside the goal numbers of issue 24.
 
-    OMP_WAIT_POLICY=PASSIVE flock /tmp/routerops-bench.lock nice -n 10 python benchmarks/critique_lm.py \\
+    OMP_WAIT_POLICY=PASSIVE flock /tmp/routerops-bench.lock nice -n 10 python experiments/critique_lm.py \\
         [--params params.yaml] [--variants with_multipliers] [--corl] [--seeds 0] \\
-        [--out benchmarks/results/critique_lm.json] [--eval-queries N] [--steps S] [--queries-per-step Q] [--corl-steps S]
+        [--out experiments/results/critique_lm.json] [--eval-queries N] [--steps S] [--queries-per-step Q] [--corl-steps S]
         [--multiplier-lr η] [--threads T]
 
 `--variants` with no name and `--corl`: the CoRL controller only (no critique warm-up).
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="*", default=["with_multipliers"])
     parser.add_argument("--corl", action="store_true", help="also train and evaluate the CoRL controller")
     parser.add_argument("--seeds", nargs="*", type=int, default=None, help="default: protocol.seeds' first")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "critique_lm.json")
+    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "critique_lm.json")
     parser.add_argument("--eval-queries", type=int, default=None, help="protocol.eval_queries (0 = the whole test split)")
     parser.add_argument("--steps", type=int, default=None, help="tree.steps (critique RL steps)")
     parser.add_argument("--queries-per-step", type=int, default=None, help="tree.queries_per_step (|D_b|)")
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                                       **state}, args.out.with_name(args.out.stem + "_partial.json"))
 
         result = run_critique_lm(cfg, REPO, Path(work), variants=args.variants, corl=args.corl, on_progress=partial)
-    result["command"] = " ".join(["python", "benchmarks/critique_lm.py", *(argv if argv is not None else sys.argv[1:])])
+    result["command"] = " ".join(["python", "experiments/critique_lm.py", *(argv if argv is not None else sys.argv[1:])])
     result["wall_s"] = time.perf_counter() - started
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     result["machine"] = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),

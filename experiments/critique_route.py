@@ -1,8 +1,8 @@
 """Critique-and-route controller (paper 002) and CoRL budget modes (paper 003) on RouteLLM's GSM8K
 logged outcomes (bundled under datasets/), cross-fitted, beside the single-turn replay routers.
 
-    python benchmarks/critique_route.py [--params params.yaml] [--set grpo.iterations=50 ...]
-        [--out benchmarks/results/critique_route.json]
+    python experiments/critique_route.py [--params params.yaml] [--set grpo.iterations=50 ...]
+        [--out experiments/results/critique_route.json]
 
 Settings come from the `critique` section of the params file (configs/paper/critique.yaml: the
 papers' own values). What it prints and writes is described in README "Critique-and-route".
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "critique_route.json")
+    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "critique_route.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     cfg = overridden(args.params, args.set)

@@ -4,11 +4,11 @@ For an adapter (a warm-up's or an RL run's), at Template II on the weak agent's 
 row in `--rows` (by default rows the CPU warm-up does not train on), p(False) at the verdict token with
 the warm-up's own `<checking>Final: …</checking>` teacher-forced, i.e. the controller's readiness to
 reject that draft. Reported: the mean p(False) on right and on wrong drafts, on drafts with and without
-GSM8K's "#### N" answer line (benchmarks/critique_draft_signal.py's most telling visible feature),
+GSM8K's "#### N" answer line (experiments/critique_draft_signal.py's most telling visible feature),
 the ROC AUC of p(False) for "the draft is wrong", and the share of drafts greedy decoding would reject
 (p(False) > p(True)). Nothing here reads validation or test rows.
 
-    python benchmarks/critique_verdict_probe.py --adapter DIR [--rows 400 600] [--out FILE]
+    python experiments/critique_verdict_probe.py --adapter DIR [--rows 400 600] [--out FILE]
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
                           cfg.prompts.max_checking_words) for q in rows])
     wrong = ~table.correct[rows, 0].astype(bool)
     no_answer = np.array([visible_features(table.drafts[int(q)][0])["no_answer_line"] > 0 for q in rows])
-    report = {"command": " ".join(["python", "benchmarks/critique_verdict_probe.py", *(argv or sys.argv[1:])]),
+    report = {"command": " ".join(["python", "experiments/critique_verdict_probe.py", *(argv or sys.argv[1:])]),
               "adapter": str(args.adapter), "training_rows": list(args.rows), **summarise(p, wrong, no_answer)}
     write_json_atomic(report, args.out)
     print(report)

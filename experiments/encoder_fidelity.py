@@ -1,9 +1,9 @@
 """How close each history-encoder backend's vectors are to the fp32 torch ones (cosine), on the first
 200 GSM8K test questions (needs ../shared/data, or --data), against each backend's documented
 guarantee (BACKENDS[b].min_cosine), with the CPU it ran on (int8 kernels differ with AVX2 / AVX-512 /
-VNNI). Writes benchmarks/results/encoder_fidelity.json; exit code 1 when a backend breaks its guarantee.
+VNNI). Writes experiments/results/encoder_fidelity.json; exit code 1 when a backend breaks its guarantee.
 
-    python benchmarks/encoder_fidelity.py [--data ../shared/data] [--n 200]
+    python experiments/encoder_fidelity.py [--data ../shared/data] [--n 200]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--n", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "encoder_fidelity.json")
+    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "encoder_fidelity.json")
     args = parser.parse_args(argv)
     lines = (args.data / "gsm8k" / "test.jsonl").read_text().splitlines()[: args.n]
     texts = [json.loads(line)["question"] for line in lines]

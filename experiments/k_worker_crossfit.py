@@ -1,7 +1,7 @@
 """Issue 28's goal read on all 5,608 queries of the nine-model table: 5-fold cross-fitting.
 
     cd <repo> && flock /tmp/routerops-bench.lock nice -n 10 env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \\
-        HF_HUB_OFFLINE=1 python benchmarks/k_worker_crossfit.py [--seeds 0 1 2] [--routers NAME ...]
+        HF_HUB_OFFLINE=1 python experiments/k_worker_crossfit.py [--seeds 0 1 2] [--routers NAME ...]
 
 Why: k_worker_routing reads one fixed test split of 1,122 queries, whose sampling error (about ±2.5
 points on a gap to the best model) is far larger than the margins the goal turns on. Here every
@@ -21,7 +21,7 @@ uses its training folds only); but the settings the registry ships (lexical's C,
 members, SmolLM2's layer 8) were chosen on the val split of k_worker_routing's fixed split, i.e. on
 1,121 of the queries scored here. So this is not a held-out confirmation of those choices; it
 measures how much of a router's fixed-split result is the luck of one test split.
-Writes benchmarks/results/k_worker_crossfit.json and .md.
+Writes experiments/results/k_worker_crossfit.json and .md.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         "rows": {name: mean_rows(rows) for name, rows in per_router.items()},
         "paired_differences": [{"first": a, "second": b, **mean_rows(rows)} for (a, b), rows in per_pair.items()],
         "wall_s": time.perf_counter() - start,
-        "command": "python benchmarks/k_worker_crossfit.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python experiments/k_worker_crossfit.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     write_result(result, args.out, markdown)
     return 0

@@ -1,14 +1,14 @@
 """What the query encoder's 128-token window costs on the nine-model table (issue 28, item 2).
 
     cd <repo> && nice -n 5 env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 \\
-        python benchmarks/k_worker_encoder_window.py [--seeds 0 1 2] [--routers knn logistic calibrated_ensemble]
+        python experiments/k_worker_encoder_window.py [--seeds 0 1 2] [--routers knn logistic calibrated_ensemble]
 
-Same split and read-outs as benchmarks/k_worker_routing.py (fit on train, iso-cost read-outs on
+Same split and read-outs as experiments/k_worker_routing.py (fit on train, iso-cost read-outs on
 test, operating point chosen on val); only the query vectors differ:
 - head: the shared encoder (MiniLM, onnx-int8), first 128 tokens: what every router reads today;
 - chunk-mean: models.chunked_embeddings.ChunkPooledEncoder: the whole query in 128-token windows
   (at most 8: the first 7 and the last), mean-pooled.
-Writes benchmarks/results/k_worker_encoder_window.json (+ .md), with the embedding seconds.
+Writes experiments/results/k_worker_encoder_window.json (+ .md), with the embedding seconds.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "experiments"))
 
 import k_worker_routing as kw  # noqa: E402
 from models.chunked_embeddings import ChunkPooledEncoder  # noqa: E402
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
                               "max": int(np.max(windows))},
         "chunk_mean_embedding_s": chunk_s,
         "rows": rows,
-        "protocol": "as benchmarks/k_worker_routing.py; only the query vectors differ",
+        "protocol": "as experiments/k_worker_routing.py; only the query vectors differ",
         "machine": "OMP/MKL 1 thread, nice 5, beside another CPU job",
     }
     write_json_atomic(result, args.out)

@@ -1,7 +1,7 @@
 """Issue 28's ≤ 15 % goal, another try on val: model the gain over the cheap worker directly.
 
     cd <repo> && flock /tmp/routerops-bench.lock nice -n 19 env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \\
-        HF_HUB_OFFLINE=1 python benchmarks/k_worker_goal15_gain.py [--data ../shared/data] [--test]
+        HF_HUB_OFFLINE=1 python experiments/k_worker_goal15_gain.py [--data ../shared/data] [--test]
 
 Why: at ≤ 15 % of the best model's cost a router mostly decides, query by query, between gemma-2-9b-it
 ($0.1) and one of the 7–8B models ($0.2), i.e. it ranks queries by the *difference* q̂_k − q̂_gemma.
@@ -29,7 +29,7 @@ loaded. The reference is `lexical_ensemble` fitted the same way. Val's choice: t
 best val accuracy at ≤ 15 % (ties: at ≤ 50 %), the reference excluded. `--test` then reads that
 candidate and the reference on test, once, refitted for seeds 0, 1, 2, with k_worker_routing's read-out
 (curve, val-chosen operating point, paired bootstrap interval of the gap to test's best single model).
-Writes benchmarks/results/k_worker_goal15_gain.json and .md.
+Writes experiments/results/k_worker_goal15_gain.json and .md.
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ def main(argv=None) -> int:
 
         result = json.loads(args.out.read_text(encoding="utf-8"))
         result["val_diagnostics"] = diagnostics(fitted, val, rule, best)
-        result["diagnostics_command"] = "python benchmarks/k_worker_goal15_gain.py " + " ".join(
+        result["diagnostics_command"] = "python experiments/k_worker_goal15_gain.py " + " ".join(
             sys.argv[1:] if argv is None else argv)
         write_json_atomic(result, args.out)
         write_text_atomic(markdown(result, data.workers[best], float(acc[best])), args.out.with_suffix(".md"))
@@ -297,7 +297,7 @@ def main(argv=None) -> int:
         "protocol": ("k_worker_routing's seeded split; candidates fitted on train (seed 0) and read on val only; budgets "
                      "are fractions of val's best single model's val cost; val's choice = best val ≤ 15 % (ties ≤ 50 %)"),
         "rows": rows, "val_choice": choice, "val_seconds": time.perf_counter() - start, "test": None,
-        "command": "python benchmarks/k_worker_goal15_gain.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python experiments/k_worker_goal15_gain.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     # How far val's margin over the reference is from val's own sampling noise: paired bootstrap of the
     # difference at ≤ 15 %, the same resamples for both (the fits held fixed).

@@ -1,7 +1,7 @@
 """Issue 28's ≤ 15 % goal, one more try on val: neighbour-rate features for `lexical`; a calibrated ensemble.
 
     cd <repo> && nice -n 19 env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 \\
-        python benchmarks/k_worker_goal15_val.py [--data ../shared/data] [--weights 1 3] [--test]
+        python experiments/k_worker_goal15_val.py [--data ../shared/data] [--weights 1 3] [--test]
 
 Idea: the lexical logistic (models/kworkers/lexical.py) and the two kNN routers are averaged with
 equal weight in `lexical_ensemble`; a stacked-generalisation view (Wolpert 1992) lets the per-worker
@@ -21,7 +21,7 @@ Protocol: k_worker_routing's table and seeded split; fitted on train (seed 0), r
 cost. The reference is `lexical_ensemble` on the same split (val 0.620 / 0.679 in
 k_worker_lexical_val). `--test` then reads the one candidate val chose (best val accuracy at ≤ 15 %)
 and the reference on test, once, with k_worker_routing's read-out. Writes
-benchmarks/results/k_worker_goal15_val.json and .md.
+experiments/results/k_worker_goal15_val.json and .md.
 """
 
 from __future__ import annotations

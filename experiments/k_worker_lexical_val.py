@@ -1,7 +1,7 @@
 """The validation read-outs behind the lexical routers' settings (issue 28; models/kworkers/lexical.py).
 
     cd <repo> && nice -n 19 env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 \\
-        python benchmarks/k_worker_lexical_val.py [--data ../shared/data] [--skip-hgb]
+        python experiments/k_worker_lexical_val.py [--data ../shared/data] [--skip-hgb]
 
 Protocol: k_worker_routing's table and seeded split; every candidate is fitted on train (seed 0) and
 read on **val** only (test is never loaded into a read-out here): accuracy at ≤ 15 % / ≤ 50 % of
@@ -13,7 +13,7 @@ defaults were chosen from:
 - which members `lexical_ensemble` averages, and the stack of the same three;
 - per-worker HistGradientBoosting on a TruncatedSVD of the TF-IDF ⊕ MiniLM ⊕ markers, alone and in
   the mean (not adopted).
-Writes benchmarks/results/k_worker_lexical_val.json and .md.
+Writes experiments/results/k_worker_lexical_val.json and .md.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
         "protocol": ("k_worker_routing's seeded split; every candidate fitted on train (seed 0) and read on val "
                      "only; budgets are fractions of val's best single model's val USD per query"),
         "rows": rows,
-        "command": "python benchmarks/k_worker_lexical_val.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python experiments/k_worker_lexical_val.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     write_json_atomic(result, args.out)
     lines = ["| candidate (fitted on train, read on val) | ≤ 15 % | ≤ 50 % | best on curve |", "|---|---|---|---|"]

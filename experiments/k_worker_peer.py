@@ -1,14 +1,14 @@
 """Side by side with the peer (issue 28, item 4): llmrouter-lib's routers on our nine-model table.
 
-    bash benchmarks/peer_env.sh /work/peer-venv        # once: the peer's own venv (its pins clash with ours),
+    bash experiments/peer_env.sh /work/peer-venv        # once: the peer's own venv (its pins clash with ours),
     #   i.e. python3 -m venv /work/peer-venv && /work/peer-venv/bin/pip install torch==2.13.0 llmrouter-lib==0.4.0
     cd <repo> && nice -n 19 env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 \\
-        python benchmarks/k_worker_peer.py [--peer-python /work/peer-venv/bin/python] [--seeds 0 1 2]
+        python experiments/k_worker_peer.py [--peer-python /work/peer-venv/bin/python] [--seeds 0 1 2]
 
-What: the iso-cost read-outs of benchmarks/k_worker_routing.py (accuracy at ≤ 15 % / ≤ 50 % of the
+What: the iso-cost read-outs of experiments/k_worker_routing.py (accuracy at ≤ 15 % / ≤ 50 % of the
 best single model's test cost, best on the curve, the val-chosen operating point, paired 95 %
 bootstrap gaps to the best single model) for llmrouter-lib 0.4.0's kNN, SVM, MLP and matrix-
-factorisation routers, beside our routers' rows from benchmarks/results/k_worker_routing.json, with
+factorisation routers, beside our routers' rows from experiments/results/k_worker_routing.json, with
 the ratio of each peer router to its counterpart of ours at each budget.
 
 Why this way: both sides must see the same data, so ours exports it and the peer only fits and routes.
@@ -16,7 +16,7 @@ Why this way: both sides must see the same data, so ours exports it and the peer
    60 / 20 / 20 %, split seed 0) and the shared encoder's query vectors with k_worker_routing's own
    `load_table`, and writes them with the train split's logged scores and costs and a λ grid to
    .routerops/k_workers/peer/inputs.npz.
-2. benchmarks/k_worker_peer_side.py, run by the peer venv's python in a subprocess, trains each peer
+2. experiments/k_worker_peer_side.py, run by the peer venv's python in a subprocess, trains each peer
    router on train alone, once per (seed, λ), on the peer's label (the model with the highest
    performance = score − λ·cost/ref_cost; λ = 0 is the peer as shipped), and writes the worker each
    val and test query is sent to.
@@ -25,7 +25,7 @@ Why this way: both sides must see the same data, so ours exports it and the peer
 
 Tuned on what: the peer's hparams are its shipped defaults (nothing tuned); λ only traces the curve;
 val picks the val-chosen point; test is never used to fit or choose. Writes
-benchmarks/results/k_worker_peer.json and .md.
+experiments/results/k_worker_peer.json and .md.
 """
 
 from __future__ import annotations
@@ -43,14 +43,14 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "experiments"))
 
 import k_worker_routing as kw  # noqa: E402
 from evaluation.replay import knob_grid  # noqa: E402
 from models.base import Router, RoutingData  # noqa: E402
 from routerops import metrics  # noqa: E402
 
-PEER_SIDE = REPO / "benchmarks" / "k_worker_peer_side.py"
+PEER_SIDE = REPO / "experiments" / "k_worker_peer_side.py"
 WORK = kw.CACHE / "peer"
 DEFAULT_PEER_PYTHON = Path(os.environ.get("ROUTEROPS_PEER_PYTHON", "/work/peer-venv/bin/python"))
 PEER_ROUTERS = ("knn", "svm", "mlp", "mf")
@@ -247,7 +247,7 @@ def main(argv=None) -> int:
     ref_cost = export_inputs(inputs, train, val, test, args.lambdas)
     if not args.reuse_decisions:
         if not args.peer_python.is_file():
-            raise SystemExit(f"no peer venv at {args.peer_python}: run benchmarks/peer_env.sh first")
+            raise SystemExit(f"no peer venv at {args.peer_python}: run experiments/peer_env.sh first")
         peer_s = run_peer_side(args.peer_python, inputs, decisions, args.routers, args.seeds, WORK / "peer_side.log")
         meta = json.loads(decisions.with_suffix(".json").read_text())
         decisions.with_suffix(".json").write_text(json.dumps({**meta, "wall_s": peer_s}, indent=2))
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
                       "peer_side_decisions_reused": args.reuse_decisions},
         "machine": {"python": platform.python_version(), "cpu": cpu_name(),
                     "threads": "OMP/MKL/torch 1, nice 19, beside another CPU job"},
-        "command": "python benchmarks/k_worker_peer.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python experiments/k_worker_peer.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     kw.write_result(result, args.out, markdown)
     return 0

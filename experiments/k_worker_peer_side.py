@@ -1,6 +1,6 @@
-"""The peer's half of benchmarks/k_worker_peer.py: llmrouter-lib's routers, run in the peer's own venv.
+"""The peer's half of experiments/k_worker_peer.py: llmrouter-lib's routers, run in the peer's own venv.
 
-    /work/peer-venv/bin/python benchmarks/k_worker_peer_side.py --inputs IN.npz --out OUT.npz \\
+    /work/peer-venv/bin/python experiments/k_worker_peer_side.py --inputs IN.npz --out OUT.npz \\
         [--routers knn svm mlp mf] [--seeds 0 1 2]
 
 Reads what our side exported (query vectors, the train split's logged scores and costs, the λ grid)

@@ -1,7 +1,7 @@
 """Trained elsewhere: fit on two of the nine-model table's query clusters, score the third (issue 28, item 3).
 
     cd <repo> && nice -n 5 env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 \\
-        python benchmarks/k_worker_transfer.py [--routers knn logistic mf mlp calibrated] [--sample 0.1] [--update]
+        python experiments/k_worker_transfer.py [--routers knn logistic mf mlp calibrated] [--sample 0.1] [--update]
 
 Protocol: LLMRouter's `cluster_id` (kept by import-llmrouter as dataset `dcrouter/c<k>`) splits the
 5,608 queries in three. For each held-out cluster, routers are fitted on every query of the other
@@ -19,7 +19,7 @@ Two read-outs per (router, held-out cluster):
   that projection: the issue's off-table goal is APGR ≥ 0.65; each held-out cluster's 95 % bootstrap
   interval, and one for the mean over the three (each cluster resampled on its own);
 - nine workers: accuracy at ≤ 15 % / ≤ 50 % of the best single model's cost on the held-out queries.
-Writes benchmarks/results/k_worker_transfer.json (+ .md). `--update` keeps the rows of the routers not
+Writes experiments/results/k_worker_transfer.json (+ .md). `--update` keeps the rows of the routers not
 rerun from the existing file (same protocol, same seeded target samples), so adding a router fits only
 it. `--pairs first:second ...` adds paired bootstrap intervals of APGR(first) − APGR(second) per
 held-out cluster and for the mean over the three (`paired_rows`; both routers rerun in that run, so
@@ -38,7 +38,7 @@ directions are run (easy → hard, hard → easy). As above, a seeded `--sample`
 labelled target sample only the `+target-cal` variants read, and `--in-cluster` routers are also
 cross-fitted (5 folds) inside the scored target queries as the in-table reference. Costs are the
 prompt's tokens under RouteLLM's price book (completion tokens zeroed: a router must not read the
-logged answer's length). Writes benchmarks/results/k_worker_transfer_gsm8k.json (+ .md).
+logged answer's length). Writes experiments/results/k_worker_transfer_gsm8k.json (+ .md).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "experiments"))
 
 import k_worker_routing as kw  # noqa: E402
 from evaluation.replay import (cross_fit, knob_grid, operating_points, resample_counts, strong_call_score, strong_weak,  # noqa: E402
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     parser.add_argument("--in-cluster", nargs="*", default=["knn", "logistic"],
                         help="routers also cross-fitted inside the held-out cluster (5 folds): the in-table reference")
     parser.add_argument("--sample", type=float, default=0.1, help="share of the target cluster given as labels")
-    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/k_worker_transfer[_gsm8k].json")
+    parser.add_argument("--out", type=Path, default=None, help="default: experiments/results/k_worker_transfer[_gsm8k].json")
     parser.add_argument("--protocol", choices=["clusters", "gsm8k-steps"], default="clusters")
     parser.add_argument("--update", action="store_true",
                         help="keep the existing --out file's rows of the routers not rerun (adds routers to its tables)")

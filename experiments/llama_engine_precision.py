@@ -8,9 +8,9 @@ For each weight type, in one run:
 - speed: G = 4 completions of one 256-token prompt (benchmarks/rl_step.py's), each forced to 64
   tokens, the adapter re-synced before each call as the stage does; median seconds of 3 calls after
   a warm-up, controller tokens/s.
-Writes benchmarks/results/llama_engine_precision.json.
+Writes experiments/results/llama_engine_precision.json.
 
-    python benchmarks/llama_engine_precision.py [--weights f32 f16] [--calls 3] [--threads 2] [--group 4] [--tokens 64]
+    python experiments/llama_engine_precision.py [--weights f32 f16] [--calls 3] [--threads 2] [--group 4] [--tokens 64]
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", type=int, default=4, help="completions per timed call (G)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens each timed completion is forced to")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "llama_engine_precision.json")
+    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "llama_engine_precision.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     import torch
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             sampler.close()
         log.info("%s: %s", weights, results[weights])
     record = {"benchmark": "llama_engine_precision",
-              "command": "python benchmarks/llama_engine_precision.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "command": "python experiments/llama_engine_precision.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "model": spec.name, "prompt_tokens": prompt_tokens, "group_size": args.group, "completion_tokens": args.tokens,
               "threads": args.threads, "results": results,
               "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}

@@ -11,7 +11,7 @@ seed. Any table in docs/replay_format.md works (`--table`, priced by `--prices`)
   (LLMRouterBench), for MTRouter and for the strongest baseline routers on the same folds, so the
   comparison is like for like.
 
-    python benchmarks/mtrouter_replay.py [--table T.parquet --prices P.yaml] [--data ../shared/data]
+    python experiments/mtrouter_replay.py [--table T.parquet --prices P.yaml] [--data ../shared/data]
         [--seeds 0 1 2] [--folds 5] [--set key=value ...] [--baselines NAME ...] [--ablations] [--out PATH]
 
 The exit code is 1 only when a published reference exists and MTRouter does not beat it.
@@ -37,7 +37,7 @@ from models.mtrouter.config import MTRouterConfig  # noqa: E402
 PUBLISHED_BEST_APGR = 0.622  # RouteLLM (arXiv 2406.18665) Table 3, GSM8K
 ROUTELLM_WORKERS = frozenset({"gpt-4-1106-preview", "mistralai/Mixtral-8x7B-Instruct-v0.1"})
 PRICE_BOOK = REPO / "configs" / "prices" / "routellm-2024.yaml"
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = REPO / "experiments" / "results"
 # The strongest one-call baselines of the router leaderboard, run beside MTRouter on K > 2 tables.
 STRONG_BASELINES = ("logistic_tfidf", "knn", "mlp", "mf", "ensemble")
 SUMMARY_KEYS = {
@@ -62,7 +62,7 @@ def is_routellm_gsm8k(frame) -> bool:
 
 
 def default_out(table: Path | None) -> Path:
-    """benchmarks/results/mtrouter_replay.json for RouteLLM's table, else ..._<table name>.json."""
+    """experiments/results/mtrouter_replay.json for RouteLLM's table, else ..._<table name>.json."""
     if table is None:
         return RESULTS / "mtrouter_replay.json"
     return RESULTS / f"mtrouter_replay_{re.sub(r'[^A-Za-z0-9_.-]+', '_', table.stem)}.json"
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         "table": label,
         "queries": len(data), "workers": list(data.workers),
         "best_single": {"worker": data.workers[best], "accuracy": float(acc[best]), "usd_per_query": float(cost[best])},
-        "command": "python benchmarks/mtrouter_replay.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python experiments/mtrouter_replay.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "protocol": f"{args.folds}-fold cross-fit per seed, seeds {args.seeds}; metrics averaged over seeds",
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()},
         "published_best_apgr": reference,

@@ -18,14 +18,14 @@ the value any router *would* have had on a set of queries is known exactly by re
    queries.
 4. Over `--logs` logs per ε: bias, RMSE and interval coverage per estimator, metric and ε.
 
-    flock /tmp/routerops-bench.lock nice python benchmarks/ope_simulation.py --logs 200
+    flock /tmp/routerops-bench.lock nice python experiments/ope_simulation.py --logs 200
 
-writes benchmarks/results/ope_simulation.json and .png. The same protocol runs on any complete
+writes experiments/results/ope_simulation.json and .png. The same protocol runs on any complete
 logged-outcomes table of K workers — the demo's grid (`data/grid/outcomes.parquet` of a `make demo`
 root: the embedded pool's single workers on every train task) with its price book:
 
-    python benchmarks/ope_simulation.py --table ROOT/data/grid/outcomes.parquet \
-        --prices ROOT/configs/prices/current.yaml --out benchmarks/results/ope_simulation_demo_grid.json
+    python experiments/ope_simulation.py --table ROOT/data/grid/outcomes.parquet \
+        --prices ROOT/configs/prices/current.yaml --out experiments/results/ope_simulation_demo_grid.json
 
 With K > 2 workers the champion's λ is where its greedy rule sends half the queries past the
 cheapest worker (for K = 2, exactly "calls the dearer worker on half").
@@ -221,7 +221,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--table", help="a complete logged-outcomes table (default: RouteLLM's GSM8K table)")
     parser.add_argument("--prices", help="its price book (default: configs/prices/routellm-2024.yaml)")
-    parser.add_argument("--out", default=str(REPO / "benchmarks/results/ope_simulation.json"))
+    parser.add_argument("--out", default=str(REPO / "experiments/results/ope_simulation.json"))
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON at --out")
     args = parser.parse_args()
     if args.plot_only:
@@ -245,7 +245,7 @@ def main() -> None:
     full = {name: truth(data, probs, np.arange(len(data)), lam) for name, (probs, _) in pols.items()}
     result = {
         "benchmark": "ope_simulation",
-        "command": "python benchmarks/ope_simulation.py " + " ".join(sys.argv[1:]),
+        "command": "python experiments/ope_simulation.py " + " ".join(sys.argv[1:]),
         "table": ROUTELLM_TABLE if args.table is None else
         f"{args.table}, {len(data)} queries × {len(data.workers)} workers, prices {args.prices}",
         "workers": list(data.workers), "n_queries": len(data), "queries_per_log": len(data),

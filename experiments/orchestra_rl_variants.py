@@ -7,7 +7,7 @@ One run = one (variant, seed): its RL (the orchestra-rl stage, resumable from it
 greedy held-out evaluation, written to <work>/<variant>-s<seed>/run.json when both are done, so the
 table can be completed run by run (`--runs agentic_grpo-s0 grpo-s1`, or all of them by default; a run
 whose run.json exists is not redone). `--report` only aggregates what is there. Each finished run is
-also archived, gzipped, under benchmarks/results/orchestra_rl_variants_runs/ (`--archive`), so the
+also archived, gzipped, under experiments/results/orchestra_rl_variants_runs/ (`--archive`), so the
 table can be completed over several sessions: a run found there is not redone either. Every run records
 the SHA-256 of the SFT adapter it started from, and the table refuses to pool runs that started from
 different ones (a rebuilt root trains a new SFT adapter; its runs start a new table).
@@ -23,9 +23,9 @@ evaluated episode (one fixed normaliser for every row, 004 §4.1's form). α is 
 Protocol: RL on train tasks only (the stage refuses others; the signal probe reads train tasks only);
 nothing here is tuned on the held-out tasks; every variant uses orchestra.rl of the params file
 except the estimator, max_steps and the sampling seed (orchestra.controller.seed; evaluation is greedy).
-Writes benchmarks/results/orchestra_rl_variants.{json,md} and a PNG of the training curves.
+Writes experiments/results/orchestra_rl_variants.{json,md} and a PNG of the training curves.
 
-    python benchmarks/orchestra_rl_variants.py --root ROOT [--steps 30] [--seeds 0 1 2] [--runs NAME ...] [--report]
+    python experiments/orchestra_rl_variants.py --root ROOT [--steps 30] [--seeds 0 1 2] [--runs NAME ...] [--report]
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ log = logging.getLogger("orchestra_rl_variants")
 VARIANTS = ("grpo", "tree_grpo", "mt_grpo", "agentic_grpo")
 HELD_OUT = ("test", "ood")
 RUN_FILE = "run.json"
-ARCHIVE = REPO / "benchmarks/results/orchestra_rl_variants_runs"
+ARCHIVE = REPO / "experiments/results/orchestra_rl_variants_runs"
 
 
 # The benchmark's scale (item 3 of issue 23): held-out sets large enough that an RL effect the size of
@@ -329,7 +329,7 @@ def main() -> None:
     parser.add_argument("--eval-batch", type=int, default=16, help="conversations per decode batch at evaluation")
     parser.add_argument("--work", default=".routerops/rl_variants", help="runs and episodes (resumable)")
     parser.add_argument("--archive", default=str(ARCHIVE), help="finished runs, gzipped (kept across roots)")
-    parser.add_argument("--out", default=str(REPO / "benchmarks/results/orchestra_rl_variants.json"))
+    parser.add_argument("--out", default=str(REPO / "experiments/results/orchestra_rl_variants.json"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
@@ -358,7 +358,7 @@ def main() -> None:
     plot = plot_curves(records, out.with_suffix(".png"))
     result = {
         "benchmark": "orchestra_rl_variants", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python benchmarks/orchestra_rl_variants.py " + " ".join(sys.argv[1:]),
+        "command": "python experiments/orchestra_rl_variants.py " + " ".join(sys.argv[1:]),
         "protocol": "RL on train tasks only (signal pool probed on train tasks) from the flow's SFT adapter; greedy "
                     "evaluation on the held-out test and OOD tasks; paired 95% percentile bootstrap over tasks of "
                     "(variant − SFT), per-task means over seeds; nothing tuned on held-out tasks",

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The peer's own environment for benchmarks/k_worker_peer.py (issue 28, item 4): llmrouter-lib 0.4.0
+# The peer's own environment for experiments/k_worker_peer.py (issue 28, item 4): llmrouter-lib 0.4.0
 # beside a CPU torch, outside the project's venv (its pins, gradio and litellm among them, stay out of ours).
 #
-#   bash benchmarks/peer_env.sh [/work/peer-venv]
+#   bash experiments/peer_env.sh [/work/peer-venv]
 #
 # torch is pinned in the same pip command: left free, pip resolves llmrouter-lib's `torch>=2.0` to a
 # CUDA build and gigabytes of nvidia-* wheels. The `router-r1` / `all` extras (vllm, torch 2.4) are not

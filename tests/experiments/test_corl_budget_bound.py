@@ -1,4 +1,4 @@
-"""benchmarks/corl_budget_bound.py's rewards and length rule on hand-made rows (the table's numbers are not asserted)."""
+"""experiments/corl_budget_bound.py's rewards and length rule on hand-made rows (the table's numbers are not asserted)."""
 
 from __future__ import annotations
 

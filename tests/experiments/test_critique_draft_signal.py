@@ -1,4 +1,4 @@
-"""benchmarks/critique_draft_signal.py's visible features of a draft (the AUCs themselves are not asserted)."""
+"""experiments/critique_draft_signal.py's visible features of a draft (the AUCs themselves are not asserted)."""
 
 from __future__ import annotations
 

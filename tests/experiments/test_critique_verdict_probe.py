@@ -1,4 +1,4 @@
-"""benchmarks/critique_verdict_probe.py's summary of p(False) over drafts (the model pass is not run here)."""
+"""experiments/critique_verdict_probe.py's summary of p(False) over drafts (the model pass is not run here)."""
 
 from __future__ import annotations
 

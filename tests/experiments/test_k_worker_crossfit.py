@@ -1,4 +1,4 @@
-"""benchmarks/k_worker_crossfit.py: an ensemble is its members' out-of-fold mean; read-outs on the whole table."""
+"""experiments/k_worker_crossfit.py: an ensemble is its members' out-of-fold mean; read-outs on the whole table."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""benchmarks/k_worker_goal15_gain.py: the gain over the cheap worker, its standard error, and val's choice."""
+"""experiments/k_worker_goal15_gain.py: the gain over the cheap worker, its standard error, and val's choice."""
 
 from __future__ import annotations
 

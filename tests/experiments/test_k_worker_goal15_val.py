@@ -1,4 +1,4 @@
-"""benchmarks/k_worker_goal15_val.py: a training query's neighbour rates never read its own outcome."""
+"""experiments/k_worker_goal15_val.py: a training query's neighbour rates never read its own outcome."""
 
 from __future__ import annotations
 

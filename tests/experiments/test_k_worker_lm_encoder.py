@@ -1,4 +1,4 @@
-"""benchmarks/k_worker_lm_encoder.py: the vector cache computes each layer once."""
+"""experiments/k_worker_lm_encoder.py: the vector cache computes each layer once."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""benchmarks/k_worker_peer.py: the peer's decisions are read by k_worker_routing's own read-out (checked
+"""experiments/k_worker_peer.py: the peer's decisions are read by k_worker_routing's own read-out (checked
 against read-outs computed by hand on a tiny synthetic table), the ratios to our counterparts, and, where
-the peer's venv exists (benchmarks/peer_env.sh; CI has none), one real llmrouter-lib fit end to end."""
+the peer's venv exists (experiments/peer_env.sh; CI has none), one real llmrouter-lib fit end to end."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_ratios_are_peer_over_our_counterpart_and_none_where_either_is_missing(b
 @pytest.mark.slow
 def test_the_peer_side_fits_llmrouter_lib_and_follows_its_label(bench, tmp_path):
     if not bench.DEFAULT_PEER_PYTHON.is_file():
-        pytest.skip(f"no peer venv at {bench.DEFAULT_PEER_PYTHON} (benchmarks/peer_env.sh makes it; CI has none)")
+        pytest.skip(f"no peer venv at {bench.DEFAULT_PEER_PYTHON} (experiments/peer_env.sh makes it; CI has none)")
     train, val, test = table(60, 3), table(20, 4), table(20, 5)
     inputs, out = tmp_path / "inputs.npz", tmp_path / "decisions.npz"
     bench.export_inputs(inputs, train, val, test, [0.01, 100.0])

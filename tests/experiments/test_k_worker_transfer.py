@@ -1,4 +1,4 @@
-"""benchmarks/k_worker_transfer.py's GSM8K protocol: RouteLLM's table split by the number of calculator
+"""experiments/k_worker_transfer.py's GSM8K protocol: RouteLLM's table split by the number of calculator
 steps in GSM8K's reference solution, with prompt-only costs (no router may read the logged answer's
 length), and one fit → score → APGR row on a tiny slice."""
 

@@ -1,4 +1,4 @@
-"""benchmarks/llama_engine_precision.py end to end on the real SmolLM2, f32 only, one small timed call: the
+"""experiments/llama_engine_precision.py end to end on the real SmolLM2, f32 only, one small timed call: the
 record has its fields and the float32 engine agrees with the trainer (the bound of
 tests/models/orchestrator/test_llama_sampler.py); no timing is asserted."""
 

@@ -1,4 +1,4 @@
-"""benchmarks/ope_simulation.py's simulation on a small synthetic table (the committed run uses RouteLLM's
+"""experiments/ope_simulation.py's simulation on a small synthetic table (the committed run uses RouteLLM's
 GSM8K table): the policies, the truth on the logged queries and the per-estimator summary."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""benchmarks/orchestra_rl_variants.py's bookkeeping: finished runs are archived and found again, a run
+"""experiments/orchestra_rl_variants.py's bookkeeping: finished runs are archived and found again, a run
 from another SFT adapter is not this table's, and runs from two SFT adapters are never pooled."""
 
 from __future__ import annotations
