@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from evaluation.critique import load_table  # noqa: E402
-from evaluation.critique_lm import _critique_paths, fixed_split  # noqa: E402
+from evaluation.critique_lm import critique_paths, fixed_split  # noqa: E402
 from models.critique.lm_config import load_critique_lm_config  # noqa: E402
 from models.critique.lm_env import outcome_table  # noqa: E402
 from routerops import schema  # noqa: E402
@@ -73,7 +73,7 @@ def length_auc(lengths: np.ndarray, over: np.ndarray) -> float | None:
 
 def run(params: Path, budgets: list[float]) -> dict:
     cfg = load_critique_lm_config(params)
-    data = load_table(_critique_paths(cfg), REPO)
+    data = load_table(critique_paths(cfg), REPO)
     split = fixed_split(len(data), cfg.protocol.split_seed, cfg.protocol.fractions)
     table = outcome_table(data, split["train"], cfg.prompts.short_names, cfg.prompts.template)
     strong = table.strongest

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import models.critique.lm_train as lm_train  # noqa: E402
-from evaluation.critique_lm import _critique_paths, corl_warmup_rows, fixed_split, load_table  # noqa: E402
+from evaluation.critique_lm import critique_paths, corl_warmup_rows, fixed_split, load_table  # noqa: E402
 from models.critique.lm_config import load_critique_lm_config  # noqa: E402
 from models.critique.lm_env import MODES, outcome_table  # noqa: E402
 from models.critique.lm_prompts import corl_messages  # noqa: E402
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     changes = {"steps": args.steps, "learning_rate": args.lr, "queries_per_step": args.queries_per_step,
                "group": args.group, "balance_modes": args.balance, "mode_contrast": args.contrast}
     cfg = dataclasses.replace(cfg, corl=dataclasses.replace(cfg.corl, **{k: v for k, v in changes.items() if v is not None}))
-    data = load_table(_critique_paths(cfg), REPO)
+    data = load_table(critique_paths(cfg), REPO)
     split = fixed_split(len(data), cfg.protocol.split_seed, cfg.protocol.fractions)
     table = outcome_table(data, split["train"], cfg.prompts.short_names, cfg.prompts.template)
     probe = split["train"][PROBE_ROWS]

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from evaluation.critique import load_table  # noqa: E402
-from evaluation.critique_lm import _critique_paths, fixed_split  # noqa: E402
+from evaluation.critique_lm import critique_paths, fixed_split  # noqa: E402
 from models.critique.lm_config import load_critique_lm_config  # noqa: E402
 from models.critique.lm_prompts import tail_tokens  # noqa: E402
 from routerops import schema  # noqa: E402
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     started = time.perf_counter()
     cfg = load_critique_lm_config(args.params)
-    data = load_table(_critique_paths(cfg), REPO)
+    data = load_table(critique_paths(cfg), REPO)
     train = fixed_split(len(data), cfg.protocol.split_seed, cfg.protocol.fractions)["train"]
     weak = int(np.argmin(data.costs.mean(axis=0)))
     right = data.scores[train, weak] > 0.5

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.critique_draft_signal import visible_features  # noqa: E402
-from evaluation.critique_lm import _critique_paths, fixed_split, load_table  # noqa: E402
+from evaluation.critique_lm import critique_paths, fixed_split, load_table  # noqa: E402
 from models.critique.lm_config import load_critique_lm_config  # noqa: E402
 from models.critique.lm_env import outcome_table, turn_messages  # noqa: E402
 from models.critique.lm_train import final_line  # noqa: E402
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = load_critique_lm_config(args.params)
-    data = load_table(_critique_paths(cfg), REPO)
+    data = load_table(critique_paths(cfg), REPO)
     train = fixed_split(len(data), cfg.protocol.split_seed, cfg.protocol.fractions)["train"]
     table = outcome_table(data, train, cfg.prompts.short_names, cfg.prompts.template)
     rows = train[slice(*args.rows)]

@@ -36,14 +36,16 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.k_worker_routing import (  # noqa: E402
-    BUDGETS, RESULTS, at_budget, check_pairs, difference_interval, gap_interval, load_table, mean_rows,
+from evaluation.kworker_readout import (  # noqa: E402
+    BUDGETS, at_budget, check_pairs, difference_interval, gap_interval, load_table, mean_rows,
     operating_points_on_test, parse_pair, write_result,
 )
 from evaluation.replay import cross_fit  # noqa: E402
 from models.base import RoutingData  # noqa: E402
 from models.registry import ENSEMBLES, make_router  # noqa: E402
 from routerops import metrics  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 DEFAULT_ROUTERS = ("knn", "lexical_ensemble", "knn_smollm2", "smollm2_ensemble")
 DEFAULT_PAIRS = ("knn_smollm2:knn", "knn_smollm2:lexical_ensemble", "smollm2_ensemble:lexical_ensemble")

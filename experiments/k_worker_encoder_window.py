@@ -23,12 +23,13 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "experiments"))
 
-import k_worker_routing as kw  # noqa: E402
+from evaluation import kworker_readout as kw  # noqa: E402
 from models.chunked_embeddings import ChunkPooledEncoder  # noqa: E402
 from models.registry import make_router  # noqa: E402
 from routerops.schema import write_json_atomic, write_text_atomic  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main(argv=None) -> int:
@@ -36,7 +37,7 @@ def main(argv=None) -> int:
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--routers", nargs="+", default=["knn", "logistic", "calibrated_ensemble"])
-    parser.add_argument("--out", type=Path, default=kw.RESULTS / "k_worker_encoder_window.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "k_worker_encoder_window.json")
     args = parser.parse_args(argv)
 
     data, split, book = kw.load_table(args.data)

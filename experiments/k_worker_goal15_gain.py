@@ -45,15 +45,17 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.k_worker_goal15_val import clipped_logit, loo_rates  # noqa: E402
-from benchmarks.k_worker_routing import RESULTS, mean_rows, readout, val_reference  # noqa: E402
+from evaluation.kworker_readout import clipped_logit, loo_rates  # noqa: E402
+from evaluation.kworker_readout import mean_rows, readout, val_reference  # noqa: E402
 from models.base import RoutingData  # noqa: E402
 from models.baselines.features import single_threaded, surface_features  # noqa: E402
-from models.baselines.knn import KNNRouter, _unit  # noqa: E402
+from models.baselines.knn import KNNRouter, unit  # noqa: E402
 from models.kworkers.lexical import LexicalKNNRouter, LexicalLogisticRouter, marker_features  # noqa: E402
 from models.registry import make_router  # noqa: E402
 from routerops import metrics  # noqa: E402
 from routerops.schema import write_json_atomic, write_text_atomic  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 CHEAP = "gemma-2-9b-it"
 REFERENCE = "lexical_ensemble (reference)"
@@ -138,8 +140,8 @@ class Fitted:
 
     def lcb_penalty(self, data: RoutingData) -> np.ndarray:
         def compute():
-            near = self.knn._top_k(_unit(np.asarray(data.embeddings, dtype=float)), self.knn.k_)
-            near_lex = self.knn_lex._top_k(self.knn_lex._unit(data.queries), self.knn_lex.k_)
+            near = self.knn.top_k(unit(np.asarray(data.embeddings, dtype=float)), self.knn.k_)
+            near_lex = self.knn_lex.top_k(self.knn_lex._unit(data.queries), self.knn_lex.k_)
             se, se_lex = (knn_gain_se(n, self.train.scores, self.cheap) for n in (near, near_lex))
             return np.sqrt(se**2 + se_lex**2) / 2  # the s.e. of the two members' mean gain, taken as independent
         return self._cached("lcb", data, compute)

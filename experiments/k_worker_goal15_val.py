@@ -37,33 +37,15 @@ from scipy import sparse
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.k_worker_routing import RESULTS, readout, val_reference  # noqa: E402
+from evaluation.kworker_readout import (  # noqa: E402
+    clipped_logit, loo_rates, read_on_test, readout, val_reference, write_val_run,
+)
 from evaluation.replay import cross_fit  # noqa: E402
 from models.baselines.knn import KNNRouter  # noqa: E402
 from models.kworkers.lexical import LexicalKNNRouter, LexicalLogisticRouter  # noqa: E402
 from models.registry import make_router  # noqa: E402
-from routerops import metrics  # noqa: E402
-from routerops.schema import write_json_atomic, write_text_atomic  # noqa: E402
 
-RATE_CLIP = 0.02
-
-
-def loo_rates(router: KNNRouter) -> np.ndarray:
-    """(n_train, w) each training query's mean outcome over its k_ nearest *other* training queries,
-    for a fitted KNNRouter (or LexicalKNNRouter): the leave-one-out version of predict_quality."""
-    if router.k_ is None:
-        raise RuntimeError("loo_rates needs a fitted kNN router")
-    n = router.unit_train_.shape[0]
-    k = min(router.k_, n - 1)
-    nearest = router._top_k(router.unit_train_, min(k + 1, n))
-    others = np.stack([router._drop_self(row, i, k) for i, row in enumerate(nearest)])
-    return router.scores_[others].mean(axis=1)
-
-
-def clipped_logit(rates: np.ndarray) -> np.ndarray:
-    p = np.clip(rates, RATE_CLIP, 1 - RATE_CLIP)  # a rate of 0 or 1 from k neighbours is not a certainty
-    return np.log(p / (1 - p))
-
+RESULTS = Path(__file__).resolve().parent / "results"
 
 def rate_block(rates: np.ndarray, mean: np.ndarray, std: np.ndarray, weight: float) -> sparse.csr_matrix:
     """The neighbour rates as features: clipped logits standardised with train's mean / std, norm ≈ weight."""
@@ -88,51 +70,6 @@ def calibrated(oof: np.ndarray, scores: np.ndarray, target: np.ndarray, method: 
         else:
             raise ValueError(f"unknown calibration method {method!r}; use 'isotonic' or 'platt'")
     return np.stack(cols, axis=1)
-
-
-def read_on_test(rows: dict, on_val: dict, on_test: dict, rule, val, test, data, also: tuple = ()) -> dict:
-    """The candidate with the best val accuracy at ≤ 15 % (the reference excluded) and the reference,
-    read on test with k_worker_routing's read-out (budgets and intervals against test's best single
-    model, as in its table), and the candidates named in `also` (declared before test is read). Every
-    candidate here is deterministic, so one fit stands for its seeds."""
-    name = max((n for n in rows if n != "lexical_ensemble (reference)"), key=lambda n: rows[n]["val_acc_at_15"])
-    acc_t, usd_t = test.scores.mean(axis=0), test.costs.mean(axis=0)
-    best = metrics.best_single(usd_t, acc_t)
-    ref_test, ref_val = float(usd_t[best]), float(val.costs.mean(axis=0)[best])
-    out = {"val_chosen": name, "best_single": {"worker": data.workers[best], "accuracy": float(acc_t[best])}}
-    out["also"] = [n for n in also if n != name]
-    for n in (name, *out["also"], "lexical_ensemble (reference)"):
-        out[n] = readout(rule, on_val[n], on_test[n], val, test, ref_val, ref_test, best=best)
-        print(f"TEST {n}: {out[n]}", flush=True)
-    return out
-
-
-def val_markdown(result: dict, best_worker: str, best_acc: float) -> str:
-    """The candidates' val read-outs as a table, then (after --test) the val choice and the reference on test."""
-    rows = result["rows"]
-    lines = ["| candidate (fitted on train, read on val) | val ≤ 15 % | val ≤ 50 % | val best |", "|---|---|---|---|"]
-    lines += [f"| {name} | {r['val_acc_at_15']:.3f} | {r['val_acc_at_50']:.3f} | {r['val_best_accuracy']:.3f} |"
-              for name, r in rows.items()]
-    if result["test"]:
-        t = result["test"]
-        lines += ["", f"On **test**, read once after the val choice (test's best single model "
-                      f"{t['best_single']['worker']} {t['best_single']['accuracy']:.3f}):", "",
-                  "| router | ≤ 15 % | ≤ 50 % | val-chosen ≤ 15 % | gap ≤ 15 % [95 % CI] | cost to match the best single |",
-                  "|---|---|---|---|---|---|"]
-        for n in (t["val_chosen"], *t.get("also", []), "lexical_ensemble (reference)"):
-            r = t[n]
-            match = "—" if r["cost_ratio_to_match_best"] is None else f"{100 * r['cost_ratio_to_match_best']:.1f} %"
-            lines.append(f"| {n} | {r['acc_at_15']:.3f} | {r['acc_at_50']:.3f} | {r['val_chosen_acc_at_15']:.3f} | "
-                         f"[{r['gap_at_15_lo']:+.3f}, {r['gap_at_15_hi']:+.3f}] | {match} |")
-    return "\n".join([f"val's best single model: {best_worker} {best_acc:.3f}", ""] + lines) + "\n"
-
-
-def write_val_run(result: dict, argv, out: Path, best_worker: str, best_acc: float) -> None:
-    """The run's command line added to `result`, then its JSON and val_markdown's table, each atomically."""
-    script = Path(sys.argv[0]).name if argv is None else f"{result['benchmark']}.py"
-    result["command"] = f"python benchmarks/{script} " + " ".join(sys.argv[1:] if argv is None else argv)
-    write_json_atomic(result, out)
-    write_text_atomic(val_markdown(result, best_worker, best_acc), out.with_suffix(".md"))
 
 
 def main(argv=None) -> int:
@@ -179,7 +116,7 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         xt = sparse.hstack([x_train, rate_block(rates_train, mean, std, weight)]).tocsr()
         xv = sparse.hstack([x_val, rate_block(rates_val, mean, std, weight)]).tocsr()
-        models = [lexical._fit_worker(xt, scores[:, j]) for j in range(scores.shape[1])]
+        models = [lexical.fit_worker(xt, scores[:, j]) for j in range(scores.shape[1])]
         q = np.stack([m(xv) for m in models], axis=1)
         record(f"lexical + neighbour rates (weight {weight:g})", q, fit_s=time.perf_counter() - start)
         record(f"mean knn + knn_lexical + that (weight {weight:g})", (q_knn + q_knn_lex + q) / 3)

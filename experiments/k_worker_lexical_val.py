@@ -28,11 +28,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.k_worker_routing import RESULTS, readout, val_reference  # noqa: E402
+from evaluation.kworker_readout import readout, val_reference  # noqa: E402
 from models.baselines.knn import KNNRouter  # noqa: E402
 from models.kworkers.lexical import LexicalKNNRouter, LexicalLogisticRouter  # noqa: E402
 from models.registry import make_router  # noqa: E402
 from routerops.schema import write_json_atomic, write_text_atomic  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 C_GRID = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 K_GRID = (20, 40, 80, 160)
@@ -63,7 +65,7 @@ def hgb_quality(train, val, seed: int = 0) -> np.ndarray:
     svd = TruncatedSVD(100, random_state=seed).fit(feats.text_vectors(train.queries))
 
     def dense(data):
-        stats = (feats._stats(data.queries) - feats.mean_) / feats.std_
+        stats = (feats.stats(data.queries) - feats.mean_) / feats.std_
         return np.hstack([svd.transform(feats.text_vectors(data.queries)), data.embeddings, stats])
 
     x_train, x_val = dense(train), dense(val)

@@ -40,13 +40,15 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.k_worker_goal15_val import read_on_test, write_val_run  # noqa: E402
-from benchmarks.k_worker_routing import CACHE, RESULTS, readout, val_reference  # noqa: E402
+from evaluation.kworker_readout import read_on_test, write_val_run  # noqa: E402
+from evaluation.kworker_readout import CACHE, readout, val_reference  # noqa: E402
 from models.base import RoutingData  # noqa: E402
 from models.baselines.knn import KNNRouter  # noqa: E402
 from models.kworkers.lexical import LexicalKNNRouter, LexicalLogisticRouter  # noqa: E402
 from models.kworkers.lm_vectors import lm_query_vectors, standardised, train_statistics  # noqa: E402
 from models.registry import make_router  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 DEFAULT_LAYERS = (2, 4, 6, 8, 10, 12, 16, 24, 30)
 

@@ -43,12 +43,13 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "experiments"))
 
-import k_worker_routing as kw  # noqa: E402
+from evaluation import kworker_readout as kw  # noqa: E402
 from evaluation.replay import knob_grid  # noqa: E402
 from models.base import Router, RoutingData  # noqa: E402
 from routerops import metrics  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 PEER_SIDE = REPO / "experiments" / "k_worker_peer_side.py"
 WORK = kw.CACHE / "peer"
@@ -230,8 +231,8 @@ def main(argv=None) -> int:
     parser.add_argument("--peer-python", type=Path, default=DEFAULT_PEER_PYTHON)
     parser.add_argument("--reuse-decisions", action="store_true",
                         help="read the last run's decisions instead of running the peer side again")
-    parser.add_argument("--ours", type=Path, default=kw.RESULTS / "k_worker_routing.json")
-    parser.add_argument("--out", type=Path, default=kw.RESULTS / "k_worker_peer.json")
+    parser.add_argument("--ours", type=Path, default=RESULTS / "k_worker_routing.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "k_worker_peer.json")
     args = parser.parse_args(argv)
 
     start = time.perf_counter()

@@ -53,9 +53,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "experiments"))
 
-import k_worker_routing as kw  # noqa: E402
+from evaluation import kworker_readout as kw  # noqa: E402
 from evaluation.replay import (cross_fit, knob_grid, operating_points, resample_counts, strong_call_score, strong_weak,  # noqa: E402
                                two_worker_metrics)
 from routerops import metrics  # noqa: E402
@@ -63,6 +62,8 @@ from models.base import RoutingData  # noqa: E402
 from models.kworkers import CalibratedRouter  # noqa: E402
 from models.registry import ENSEMBLES, make_router  # noqa: E402
 from routerops.schema import write_json_atomic, write_text_atomic  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 WEAK, STRONG = "gemma-2-9b-it", "llama-3.1-nemotron-51b-instruct"
 IN_CLUSTER = "[in-cluster 5-fold]"  # suffix of the in-table reference rows' router names
@@ -215,7 +216,7 @@ def main(argv=None) -> int:
     if args.protocol == "gsm8k-steps":
         return gsm8k_steps(args)
     kw.check_pairs(parser, args.pairs, {*args.routers, *(f"{n} {IN_CLUSTER}" for n in args.in_cluster)})
-    args.out = args.out or kw.RESULTS / "k_worker_transfer.json"
+    args.out = args.out or RESULTS / "k_worker_transfer.json"
 
     data, _, book = kw.load_table(args.data)
     import pandas as pd
@@ -344,7 +345,7 @@ def gsm8k_steps(args) -> int:
             quality = cross_fit(scored, lambda seed, _n=name: make_router(_n, seed), k=5, seed=0)
             rows.append(_apgr_row(direction, f"{name} [in-target 5-fold]", len(scored) - len(scored) // 5, scored,
                                   quality))
-    out = args.out or kw.RESULTS / "k_worker_transfer_gsm8k.json"
+    out = args.out or RESULTS / "k_worker_transfer_gsm8k.json"
     if args.update:
         rows = merged_rows(out, rows, args.sample)
     table = pd.DataFrame(rows)
