@@ -23,8 +23,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.critique_draft_signal import visible_features  # noqa: E402
 from evaluation.critique_lm import critique_paths, fixed_split, load_table  # noqa: E402
+from evaluation.draft_signal import visible_features  # noqa: E402
 from models.critique.lm_config import load_critique_lm_config  # noqa: E402
 from models.critique.lm_env import outcome_table, turn_messages  # noqa: E402
 from models.critique.lm_train import final_line  # noqa: E402

@@ -90,11 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     import torch
 
-    from benchmarks.rl_step import fit_prompt
     from models.orchestrator.config import GenerationSettings, ModelSpec
-    from models.orchestrator.lm import base_gguf, base_model_folder
     from models.orchestrator.llama_sampler import LlamaCppSampler
+    from models.orchestrator.lm import base_gguf, base_model_folder
     from models.orchestrator.rl import RLSettings, RLTrainer
+    from routerops.measure import fit_prompt
 
     torch.set_num_threads(args.threads)
     spec = ModelSpec()

@@ -1,4 +1,4 @@
-"""The benchmark scripts are files, not a package: `bench` loads benchmarks/NAME.py for tests/benchmarks/test_NAME.py."""
+"""The experiment scripts are files, not a package: `bench` loads experiments/NAME.py for tests/experiments/test_NAME.py."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+SCRIPTS = Path(__file__).resolve().parents[2] / "experiments"
 
 
 @pytest.fixture(scope="module")
 def bench(request):
     name = Path(request.module.__file__).stem.removeprefix("test_")
-    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", BENCHMARKS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"{name}_experiment", SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
