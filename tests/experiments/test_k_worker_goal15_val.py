@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from evaluation import kworker_readout
+
 
 def _table(n: int = 60, w: int = 3, seed: int = 0):
     from models.base import RoutingData
@@ -19,7 +21,7 @@ def test_loo_rates_are_the_router_refitted_without_the_query(bench):
 
     data = _table()
     router = KNNRouter(k=5).fit(data)
-    rates = bench.loo_rates(router)
+    rates = kworker_readout.loo_rates(router)
     for i in (0, 17, 59):
         rest = data.subset(np.setdiff1d(np.arange(len(data)), [i]))
         alone = KNNRouter(k=5).fit(rest).predict_quality(data.subset([i]))[0]
@@ -28,11 +30,11 @@ def test_loo_rates_are_the_router_refitted_without_the_query(bench):
 
 def test_rate_block_is_standardised_and_scaled(bench):
     rates = np.random.default_rng(1).random((40, 6))
-    logit = bench.clipped_logit(rates)
+    logit = kworker_readout.clipped_logit(rates)
     block = bench.rate_block(rates, logit.mean(axis=0), logit.std(axis=0), weight=3.0).toarray()
     assert block.shape == (40, 6)
     np.testing.assert_allclose(np.sqrt((block**2).sum(axis=1)).mean(), 3.0, rtol=0.2)  # mean row norm ≈ weight
-    assert np.isfinite(bench.clipped_logit(np.array([0.0, 1.0]))).all()  # 0 / 1 rates are clipped, not ±inf
+    assert np.isfinite(kworker_readout.clipped_logit(np.array([0.0, 1.0]))).all()  # 0 / 1 rates are clipped, not ±inf
 
 
 def test_calibration_maps_are_per_worker_probabilities_and_bad_methods_fail(bench):
@@ -54,13 +56,13 @@ def test_calibration_maps_are_per_worker_probabilities_and_bad_methods_fail(benc
 def test_val_markdown_lists_every_candidate_and_the_test_read_out_only_after_test(bench):
     rows = {"lexical_ensemble (reference)": {"val_acc_at_15": 0.62, "val_acc_at_50": 0.679, "val_best_accuracy": 0.69},
             "candidate": {"val_acc_at_15": 0.625, "val_acc_at_50": 0.67, "val_best_accuracy": 0.68}}
-    text = bench.val_markdown({"rows": rows, "test": None}, "nemotron", 0.635)
+    text = kworker_readout.val_markdown({"rows": rows, "test": None}, "nemotron", 0.635)
     assert text.startswith("val's best single model: nemotron 0.635") and "| candidate | 0.625 | 0.670 | 0.680 |" in text
     assert "**test**" not in text
     read = {"acc_at_15": 0.61, "acc_at_50": 0.64, "val_chosen_acc_at_15": 0.6, "gap_at_15_lo": -0.02,
             "gap_at_15_hi": 0.02, "cost_ratio_to_match_best": 0.148}
     test = {"val_chosen": "candidate", "best_single": {"worker": "nemotron", "accuracy": 0.61},
             "candidate": read, "lexical_ensemble (reference)": {**read, "cost_ratio_to_match_best": None}}
-    text = bench.val_markdown({"rows": rows, "test": test}, "nemotron", 0.635)
+    text = kworker_readout.val_markdown({"rows": rows, "test": test}, "nemotron", 0.635)
     assert "| candidate | 0.610 | 0.640 | 0.600 | [-0.020, +0.020] | 14.8 % |" in text
     assert "| lexical_ensemble (reference) | 0.610 | 0.640 | 0.600 | [-0.020, +0.020] | — |" in text
