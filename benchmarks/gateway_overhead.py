@@ -64,6 +64,8 @@ from routerops.workers.chaos import DelayedEndpoint  # noqa: E402
 from routerops.workers.server import free_port  # noqa: E402
 
 TARGET_P99_ADDED_MS = 15.0
+# `--sweep` writes gateway_sweep*.json beside gateway_overhead.json (routerops/script_index.py lists them here).
+ALSO_WRITES = ("gateway_sweep",)
 WORKERS = ("smol-direct", "smol-cot")
 COUNTRIES = ["France", "Japan", "Kenya", "Peru", "Canada", "Egypt", "Norway", "Chile", "India", "Spain"]
 
