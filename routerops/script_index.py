@@ -55,7 +55,7 @@ def docstring(script: Path) -> str:
     """The script's module docstring; refused when it has none."""
     doc = ast.get_docstring(ast.parse(script.read_text(), filename=str(script)))
     if not doc or not doc.strip():
-        raise InputError(f"{script.relative_to(script.parents[1])}: no module docstring (the index is built from it)")
+        raise InputError(script, "module docstring", "missing; the index pages are built from it")
     return doc
 
 
