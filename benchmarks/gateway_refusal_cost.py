@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # run as a script from anywhere
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
-from gateway_overhead import LoadGenerator, cpu_s, queries, run_arm, summary  # noqa: E402
+from routerops.loadgen import LoadGenerator, cpu_s, queries, run_arm, summary  # noqa: E402
 
 ARMS = ("protocol", "framework")
 

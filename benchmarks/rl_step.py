@@ -62,38 +62,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
+from routerops.measure import fit_prompt, prompt_messages  # noqa: E402,F401  (the prompt this benchmark times)
+
 log = logging.getLogger("rl_step")
 
 SIDES = ("ours", "trl", "before", "fast", "ours_f32")
 LLAMA_SIDES = ("ours", "ours_f32")
-SYSTEM = ("You are the controller. Route each subtask to one (model, skill) pair: smol-direct/answer or "
-          "python/python. Write <plan>, <route>, <verify> and one <final_answer>.")
-FILLER = ("A warehouse ships crates north and south; each truck carries a fixed load, and the ledger lists "
-          "every delivery by day, route and weight, with notes on delays and returns.").split()
 
 
 # ---- pure parts: prompt text, reward, summary ----------------------------------------------------
-
-def prompt_messages(words: int) -> list[dict[str, str]]:
-    """The benchmark's prompt: a controller system message and a task of `words` filler words."""
-    task = " ".join(FILLER[i % len(FILLER)] for i in range(words))
-    return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": f"{task}\nHow many crates went north in all?"}]
-
-
-def fit_prompt(count_tokens, target: int) -> tuple[list[dict[str, str]], int]:
-    """The longest prompt_messages(w) whose templated length (count_tokens(messages)) is ≤ target, and
-    that length. Word granularity: the result is within a token or two of the target."""
-    low, high = 0, target
-    while low < high:  # the largest w with count_tokens(prompt_messages(w)) ≤ target
-        mid = (low + high + 1) // 2
-        if count_tokens(prompt_messages(mid)) <= target:
-            low = mid
-        else:
-            high = mid - 1
-    messages = prompt_messages(low)
-    return messages, count_tokens(messages)
-
 
 def completion_reward(text: str) -> float:
     """The trivial reward both sides optimise: distinct characters, so the group's rewards differ."""
@@ -168,7 +145,7 @@ def measure_ours(args, folder: Path, shared: dict) -> dict:
     from models.orchestrator.lm import LMController, base_gguf
     from models.orchestrator.llama_sampler import LlamaCppSampler
     from models.orchestrator.sampler import FastSampler
-    from benchmarks.sft_throughput import PeakRSS
+    from routerops.measure import PeakRSS
     from models.orchestrator.rl import RLSettings, RLTrainer, RolloutBatch
 
     class FixedLengthController(LMController):
@@ -264,7 +241,7 @@ def measure_trl(args, folder: Path, shared: dict) -> dict:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from benchmarks.sft_throughput import PeakRSS
+    from routerops.measure import PeakRSS
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prompt, prompt_tokens = fit_prompt(lambda m: len(tokenizer.apply_chat_template(
@@ -391,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.group_size < 2:
         parser.error("--group-size must be ≥ 2 (TRL's GRPO normalises within the group)")
 
-    from benchmarks.sft_throughput import versions
+    from routerops.measure import library_versions as versions
     from models.embeddings import cpu_flags
     from models.orchestrator.config import load_orchestra_config
     from models.orchestrator.lm import base_gguf, base_model_folder

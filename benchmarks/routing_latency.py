@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     with threadpool_limits(limits=args.threads):
         results = measure(args.routers, args.train, args.decisions, args.seed)
     if "mtrouter" in args.routers:  # MTRouter embeds each new history: measured apart (target p99 ≤ 60 ms),
-        from benchmarks.mtrouter_latency import measure_embedding  # with its default encoder backend
+        from evaluation.embedding_latency import measure_embedding  # with its default encoder backend
 
         results["mtrouter_history_embedding_512_tokens"] = measure_embedding(200, args.embed_threads)
     report = {

@@ -68,7 +68,7 @@ def measure_startup() -> dict:
         image = sandbox_image.runtime_image(Path(cache))
         build_s = time.perf_counter() - start
         files = sum(1 for p in image.root.rglob("*") if p.is_file())
-    sandbox._checked_backend.cache_clear()
+    sandbox.checked_backend.cache_clear()
     start = time.perf_counter()
     problem = sandbox.sandbox_problem()  # the default cache's image exists: this is the probe's cost
     check_s = time.perf_counter() - start

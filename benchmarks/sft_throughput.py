@@ -24,16 +24,13 @@ import resource
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from importlib import metadata
 from pathlib import Path
 
 # Idle OpenMP threads sleep instead of spinning (set before torch loads): on two cores shared with other
 # work, spinning threads slowed generation 8× (tests/models/orchestrator/conftest.py).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import psutil  # noqa: E402
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
@@ -64,37 +61,8 @@ class StepTimer(TrainerCallback):
         self.seconds.append(time.perf_counter() - self.started)
 
 
-class PeakRSS:
-    """Peak resident memory of this process and its children (e.g. the llama.cpp rollout engine) while
-    running, sampled every 50 ms."""
-
-    def __init__(self):
-        self.peak = 0
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self.sample, daemon=True)
-
-    def sample(self):
-        process = psutil.Process()
-        while not self.done.wait(0.05):
-            total = process.memory_info().rss
-            for child in process.children(recursive=True):
-                try:
-                    total += child.memory_info().rss
-                except psutil.Error:  # it ended between the listing and the reading
-                    pass
-            self.peak = max(self.peak, total)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        self.thread.join()
-
-
-def versions() -> dict[str, str]:
-    return {name: metadata.version(name) for name in ("torch", "transformers", "trl", "peft", "accelerate", "datasets")}
+from routerops.measure import PeakRSS  # noqa: E402
+from routerops.measure import library_versions as versions
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,7 +44,7 @@ def main() -> None:
     from routerops.orchestra.executor import Executor, ExecutorConfig
     from routerops.pricing import load_pool, load_price_book
     from routerops.workers.cache import WorkerCache
-    from stages.orchestra import (OrchestraRun, OrchestraTasks, OrchestraTeacher, _workers, close_workers,
+    from stages.orchestra import (OrchestraRun, OrchestraTasks, OrchestraTeacher, close_workers, workers_with_servers,
                                   tasks, teacher_batches)
 
     run = OrchestraRun(pool=str(REPO / "configs/pool.yaml"), price_book=str(REPO / "configs/prices/current.yaml"),
@@ -55,7 +55,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         layout = Layout(Path(tmp))
         chosen = [t for t in read_tasks(tasks(run, layout)) if t.split == "train"]
-        with _workers(pool, 2048, args.threads) as workers:
+        with workers_with_servers(pool, 2048, args.threads) as workers:
             async def measure():
                 try:
                     batches = await teacher_batches(OrchestraTeacher(), pool, workers, chosen, "bench")

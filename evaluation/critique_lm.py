@@ -246,7 +246,7 @@ def run_critique_lm(cfg: CritiqueLMConfig, root: str | Path, work: Path, model_c
     """Every seed's controllers on the fixed split, the baselines beside them, and a summary."""
     resolve_device(cfg.rl.device, cfg.source)  # refuse a missing CUDA before reading anything
     started = time.perf_counter()
-    paths = _critique_paths(cfg)
+    paths = critique_paths(cfg)
     data = load_table(paths, Path(root))
     if data.responses is None:
         raise InputError(cfg.table, "response", "the controller reads drafts: the table needs responses")
@@ -290,7 +290,7 @@ def run_critique_lm(cfg: CritiqueLMConfig, root: str | Path, work: Path, model_c
             "seconds": time.perf_counter() - started}
 
 
-def _critique_paths(cfg: CritiqueLMConfig):
+def critique_paths(cfg: CritiqueLMConfig):
     from models.critique.config import CritiqueConfig
 
     return CritiqueConfig(table=cfg.table, contaminated=cfg.contaminated, fewshot=cfg.fewshot, price_book=cfg.price_book)
@@ -324,7 +324,7 @@ def register_critique_lm(cfg: CritiqueLMConfig, root: str | Path, adapter: Path,
     from evaluation.registry import register_and_promote
     from routerops.promotion import GateConfig
 
-    data = load_table(_critique_paths(cfg), Path(root))
+    data = load_table(critique_paths(cfg), Path(root))
     split = fixed_split(len(data), cfg.protocol.split_seed, cfg.protocol.fractions)
     table = outcome_table(data, split["train"], cfg.prompts.short_names, cfg.prompts.template)
     val = split["val"][:val_queries]

@@ -1,6 +1,6 @@
 """The gateway's OpenAPI schema: what each route takes and answers, in OpenAI's shapes, so that a
 client generator, the docs and a schema fuzzer (Schemathesis: tests/gateway/test_schema_fuzz.py,
-benchmarks/gateway_fuzz.py) see the API the gateway serves. The routes read their bodies themselves
+tests/gateway/test_schema_fuzz.py) see the API the gateway serves. The routes read their bodies themselves
 (gateway/parsing.py: one parser, one error format), so the request bodies are declared here."""
 
 from __future__ import annotations

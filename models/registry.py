@@ -37,7 +37,7 @@ ENSEMBLES: dict[str, tuple[str, ...]] = {
     # the validation split of the nine-model table, docs/routers/many-workers.md).
     "lexical_ensemble": ("knn", "lexical", "knn_lexical"),
     # kNN on SmolLM2's layer-8 vectors with the lexical logistic: the validation split's choice among
-    # the SmolLM2 candidates (issue 28; benchmarks/k_worker_lm_encoder.py).
+    # the SmolLM2 candidates (issue 28; experiments/k_worker_lm_encoder.py).
     "smollm2_ensemble": ("knn_smollm2", "lexical"),
 }
 
@@ -107,7 +107,7 @@ ROUTER_FACTORIES: dict[str, RouterFactory] = {
     "graphrouter": lambda seed: GraphRouter(seed=seed),
     # Stacked generalisation (Wolpert 1992) of the strongest estimators, level-1 weights per worker
     # fitted on out-of-fold predictions of the training queries only.
-    # "stacked" takes the members the validation split preferred (benchmarks/k_worker_routing.py's val
+    # "stacked" takes the members the validation split preferred (experiments/k_worker_routing.py's val
     # read-out, docs/routers/many-workers.md); "stacked_all" adds MTRouter and the literature's routers.
     "stacked": lambda seed: StackedRouter(members=("knn", "logistic", "mlp", "mf"), seed=seed, make=make_router),
     "stacked_all": lambda seed: StackedRouter(seed=seed, make=make_router),

@@ -38,7 +38,7 @@ class KNNRouter(Router):
             raise ValueError("KNNRouter needs at least two training queries")
         x = require_embeddings(data, self.encoder)
         self.scores_ = np.nan_to_num(np.asarray(data.scores, dtype=float), nan=np.nanmean(data.scores))
-        self.unit_train_ = _unit(x)
+        self.unit_train_ = unit(x)
         self.k_ = min(self.k, len(data)) if self.k else self._tune_k()
         return self
 
@@ -49,15 +49,15 @@ class KNNRouter(Router):
         tune = np.arange(n)
         if n > self.TUNE_QUERIES:
             tune = np.sort(np.random.default_rng(0).choice(n, self.TUNE_QUERIES, replace=False))
-        nearest = self._top_k(self.unit_train_[tune], min(kmax + 1, n))
-        neighbours = np.stack([self._drop_self(row, i, kmax) for i, row in zip(tune, nearest)])
+        nearest = self.top_k(self.unit_train_[tune], min(kmax + 1, n))
+        neighbours = np.stack([self.drop_self(row, i, kmax) for i, row in zip(tune, nearest)])
         # Running mean over the neighbour list: column k-1 is the k-neighbour prediction.
         running = np.cumsum(self.scores_[neighbours], axis=1) / np.arange(1, kmax + 1)[None, :, None]
         brier = [np.mean((running[:, k - 1] - self.scores_[tune]) ** 2) for k in grid]
         return int(grid[int(np.argmin(brier))])
 
     @staticmethod
-    def _drop_self(row: np.ndarray, i: int, kmax: int) -> np.ndarray:
+    def drop_self(row: np.ndarray, i: int, kmax: int) -> np.ndarray:
         # Duplicated texts can put another copy first, so remove the query's own index wherever it is.
         others = row[row != i]
         return others[:kmax]
@@ -66,9 +66,9 @@ class KNNRouter(Router):
         if self.k_ is None:
             raise RuntimeError("KNNRouter.predict_quality before fit")
         x = require_embeddings(data, self.encoder)
-        return self.scores_[self._top_k(_unit(x), self.k_)].mean(axis=1)
+        return self.scores_[self.top_k(unit(x), self.k_)].mean(axis=1)
 
-    def _top_k(self, unit: np.ndarray, k: int) -> np.ndarray:
+    def top_k(self, unit: np.ndarray, k: int) -> np.ndarray:
         """(n, k) indices of the k training queries most similar to each row (cosine on unit vectors),
         most similar first, ties to the lower index: one float32 product per block of rows, then a
         partial sort. Also the online path: one request is one small product, with no per-call
@@ -83,6 +83,6 @@ class KNNRouter(Router):
         return out
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
+def unit(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)

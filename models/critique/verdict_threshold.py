@@ -3,7 +3,7 @@
 Why. A warm-up on training outcomes teaches the LM controller p(False | question, draft) at Template
 II's verdict token, and that probability ranks drafts usefully (on held-out training rows its ROC AUC
 for "the draft is wrong" was 0.66, above the 0.57 of a logistic model of the question alone:
-benchmarks/critique_verdict_probe.py, benchmarks/critique_draft_signal.py). But Mixtral is right on
+experiments/critique_verdict_probe.py, experiments/critique_draft_signal.py). But Mixtral is right on
 63 % of queries, so p(False) stays below ½ on nearly every draft and greedy decoding accepts them all:
 the ranking is there, the operating point is not. 002 reaches its operating point, "< 25 % of calls
 to the strongest agent" (§4.2), through the multipliers ξ and RL; on two CPU cores a few RL steps do

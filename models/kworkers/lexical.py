@@ -80,12 +80,12 @@ class LexicalFeaturizer:
                                      max_features=TFIDF_MAX_FEATURES).fit(data.queries)
         self.char_ = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), min_df=min_df, sublinear_tf=True,
                                      max_features=CHAR_MAX_FEATURES).fit(data.queries)
-        stats = self._stats(data.queries)
+        stats = self.stats(data.queries)
         self.mean_, self.std_ = stats.mean(axis=0), stats.std(axis=0) + 1e-6
         return self
 
     @staticmethod
-    def _stats(texts: Sequence[str]) -> np.ndarray:
+    def stats(texts: Sequence[str]) -> np.ndarray:
         return np.hstack([surface_features(texts).astype(float), marker_features(texts)])
 
     def text_vectors(self, texts: Sequence[str]) -> sparse.csr_matrix:
@@ -99,7 +99,7 @@ class LexicalFeaturizer:
         if self.use_embedding:
             emb = np.asarray(require_embeddings(data, self.encoder), dtype=float)
             parts.append(sparse.csr_matrix(normalize(emb)))
-        stats = (self._stats(data.queries) - self.mean_) / self.std_
+        stats = (self.stats(data.queries) - self.mean_) / self.std_
         parts.append(sparse.csr_matrix(stats / np.sqrt(stats.shape[1])))
         return sparse.hstack(parts).tocsr()
 
@@ -120,10 +120,10 @@ class LexicalLogisticRouter(Router):
         self.featurizer.fit(data)
         x = self.featurizer.transform(data)
         scores = np.asarray(data.scores, dtype=float)
-        self.models_ = [self._fit_worker(x, scores[:, j]) for j in range(scores.shape[1])]
+        self.models_ = [self.fit_worker(x, scores[:, j]) for j in range(scores.shape[1])]
         return self
 
-    def _fit_worker(self, x: sparse.csr_matrix, y: np.ndarray) -> LinearOutcome:
+    def fit_worker(self, x: sparse.csr_matrix, y: np.ndarray) -> LinearOutcome:
         keep = ~np.isnan(y)
         labels = (y[keep] > 0.5).astype(int)
         if len(np.unique(labels)) < 2:  # always right (or wrong, or never logged) on train: the base rate
@@ -165,9 +165,9 @@ class LexicalKNNRouter(KNNRouter):
     def predict_quality(self, data: RoutingData) -> np.ndarray:
         if self.k_ is None:
             raise RuntimeError("LexicalKNNRouter.predict_quality before fit")
-        return self.scores_[self._top_k(self._unit(data.queries), self.k_)].mean(axis=1)
+        return self.scores_[self.top_k(self._unit(data.queries), self.k_)].mean(axis=1)
 
-    def _top_k(self, unit, k: int) -> np.ndarray:
+    def top_k(self, unit, k: int) -> np.ndarray:
         """KNNRouter's neighbour search on sparse rows: the same block-wise product (densified per
         block), partial sort and tie order (most similar first, ties to the lower index)."""
         unit = sparse.csr_matrix(unit)

@@ -8,7 +8,7 @@ pool; an intermediate layer, because a causal LM's intermediate layers often mak
 general-purpose features than its last, which specialises in predicting the next token (Skean et al.
 2025, "Layer by layer: uncovering hidden representations in language models"). Which layer was
 chosen on the validation split: layer 8 of 30 read best for kNN among 2, 4, …, 12, 16, 24, 30
-(benchmarks/k_worker_lm_encoder.py). Before the cosine, each dimension is standardised with
+(experiments/k_worker_lm_encoder.py). Before the cosine, each dimension is standardised with
 the training queries' mean and deviation: a causal LM's states have a few dimensions hundreds of
 times larger than the rest, which would otherwise decide every similarity.
 
@@ -33,7 +33,7 @@ from models.base import RoutingData
 from models.baselines.knn import DEFAULT_K_GRID, KNNRouter
 from models.embeddings import EmbeddingCache, default_cache_dir, text_key
 
-DEFAULT_LAYER = 8  # chosen on val (benchmarks/k_worker_lm_encoder.py)
+DEFAULT_LAYER = 8  # chosen on val (experiments/k_worker_lm_encoder.py)
 DEFAULT_MAX_TOKENS = 1024  # longer than 99 % of the nine-model table's queries
 HIDDEN_SIZE = 576  # SmolLM2-135M's; an empty batch gets (0, HIDDEN_SIZE) without loading the model
 

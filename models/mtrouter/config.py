@@ -41,7 +41,7 @@ class MTRouterConfig:
     # only one near the issue-4 target (512-token history, p99 ≤ 60 ms on this 2-core EPYC), and ~2-3×
     # fp32's throughput on bulk embedding. Its 7-bit weights cannot saturate AVX2's int16 pair sums,
     # so it gives the same vectors on AVX2-only and VNNI CPUs (issue 8); its guaranteed cosine to torch
-    # fp32 is BACKENDS["onnx-int8"].min_cosine (benchmarks/encoder_fidelity.py measures it). Routers
+    # fp32 is BACKENDS["onnx-int8"].min_cosine (experiments/encoder_fidelity.py measures it). Routers
     # saved with the 8-bit recipe (onnx-int8@2) still load, with a warning that the encoder id changed.
     # Extension, paper silent.
     encoder_backend: str = "onnx-int8"

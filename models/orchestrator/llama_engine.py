@@ -34,7 +34,7 @@ from routerops.schema import file_sha256
 # The base weights' type in the engine: f32 is the trainer's (the default, and evaluation's); f16 decodes
 # ~1.4x faster (a decode step at G = 4 is bound by reading the weights), and llama.cpp's f16 matmul
 # rounds the activations to f16 too, so its log-probs leave the trainer's by ~1.5e-3 nats a token on
-# average, ~1e-2 at most (benchmarks/llama_engine_precision.py): RL rollouts take it with the truncated
+# average, ~1e-2 at most (experiments/llama_engine_precision.py): RL rollouts take it with the truncated
 # importance weights of models/orchestrator/rl.py (RLSettings.rollout_weights, tis_cap).
 WEIGHTS = {"f32": "LLAMA_FTYPE_ALL_F32", "f16": "LLAMA_FTYPE_MOSTLY_F16"}
 

@@ -29,7 +29,7 @@ the update of a synchronous loop); the sampler's measure the drift and weigh it 
 
 `weights="f16"` (RLSettings.rollout_weights) trades that exactness for speed: float16 base weights,
 which llama.cpp multiplies with float16-rounded activations, ~1.4x the tokens/s and ~1.5e-3 nats a
-token from the trainer on average (benchmarks/llama_engine_precision.py; the test bounds it too). The
+token from the trainer on average (experiments/llama_engine_precision.py; the test bounds it too). The
 update then corrects the sampling distribution's drift with truncated importance weights."""
 
 from __future__ import annotations

@@ -99,19 +99,19 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *, audit_hook
 
 def sandbox_problem() -> str | None:
     """Why the code primitive cannot run here (naming what to install), or None when it can."""
-    checked = _checked_backend(find_bwrap())
+    checked = checked_backend(find_bwrap())
     return checked if isinstance(checked, str) else None
 
 
 def require_sandbox() -> Backend:
-    checked = _checked_backend(find_bwrap())
+    checked = checked_backend(find_bwrap())
     if isinstance(checked, str):
         raise SandboxUnavailable(checked)
     return checked
 
 
 @functools.cache
-def _checked_backend(bwrap: str | None) -> Backend | str:
+def checked_backend(bwrap: str | None) -> Backend | str:
     """The backend once a probe program ran in it, else the problem (cached per bwrap path)."""
     if bwrap is None:
         return f"bubblewrap (bwrap) is not on PATH, and the python tool runs code only inside it: {INSTALL_HINT}"

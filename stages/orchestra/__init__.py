@@ -23,7 +23,7 @@ from stages.orchestra.config import (  # noqa: F401
     CONTROLLER_NAME, OrchestraTasks, OrchestraBaselines, OrchestraTeacher, OrchestraEvaluation, OrchestraGate, OrchestraRun, load_run, check_run, check_teacher, lm_config,
 )
 from stages.orchestra.workers import (  # noqa: F401
-    _workers, close_workers, load_controller, rollout_run_id, controller_rollouts, worker_cache, tasks_of, run_inputs,
+    workers_with_servers, close_workers, load_controller, rollout_run_id, controller_rollouts, worker_cache, tasks_of, run_inputs,
 )
 from stages.orchestra.data import (  # noqa: F401
     tasks, baselines,

@@ -25,7 +25,7 @@ from routerops.workers import check_pool_runnable
 from stages.manifest import write_manifest
 from stages.orchestra.config import CONTROLLER_NAME, OrchestraRun, lm_config
 from stages.orchestra.rl_groups import rl_step, rl_controller, prepare_rl_controller
-from stages.orchestra.workers import _workers, close_workers, rollout_run_id, worker_cache, run_inputs
+from stages.orchestra.workers import close_workers, rollout_run_id, workers_with_servers, worker_cache, run_inputs
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
             tracker(past)
         started = time.perf_counter()
         if not trainer.finished:
-            with _workers(pool, run.evaluation.server_ctx, run.evaluation.server_threads) as workers:
+            with workers_with_servers(pool, run.evaluation.server_ctx, run.evaluation.server_threads) as workers:
                 async def loop():
                     executor = Executor(pool, workers, book, executor_config, cache=cache)
                     controller = rl_controller(trainer, generation, lm.model, layout.model_cache)

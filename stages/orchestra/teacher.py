@@ -24,7 +24,7 @@ from routerops.workers import check_pool_runnable
 from routerops.workers.cache import WorkerCache
 from stages.manifest import write_manifest
 from stages.orchestra.config import OrchestraTeacher, OrchestraRun, check_teacher
-from stages.orchestra.workers import _workers, close_workers, worker_cache
+from stages.orchestra.workers import close_workers, workers_with_servers, worker_cache
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def teacher(run: OrchestraRun, layout: Layout, tasks: Path) -> Trajectories:
                                                              "turn_limit": run.turn_limit, "teacher": cfg.seed,
                                                              "kind": cfg.kind, "llm_worker": cfg.llm_worker,
                                                              "prompt": run.prompt})
-    with _workers(pool, cfg.server_ctx, cfg.server_threads) as workers:
+    with workers_with_servers(pool, cfg.server_ctx, cfg.server_threads) as workers:
         episodes, _ = asyncio.run(_teach(run, pool, book, workers, chosen, out.folder, run_id,
                                          worker_cache(run, layout)))  # writes out
     passed = episodes.groupby("task_id").success.any()

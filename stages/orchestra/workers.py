@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def _workers(pool, server_ctx: int, server_threads: int):
+def workers_with_servers(pool, server_ctx: int, server_threads: int):
     """The pool's workers, with its LLM servers (llama.cpp, replay endpoints) up while they are used."""
     with pool_endpoints(pool, n_ctx=server_ctx, n_threads=server_threads) as endpoints:
         yield build_workers(pool, endpoints)
@@ -74,7 +74,7 @@ def controller_rollouts(run: OrchestraRun, layout: Layout, batches: list, out_di
                             end_on_malformed=cfg.end_on_malformed, prompt=run.prompt,
                             anonymize_models=run.anonymize_workers)
     cache = worker_cache(run, layout)
-    with _workers(pool, cfg.server_ctx, cfg.server_threads) as workers:
+    with workers_with_servers(pool, cfg.server_ctx, cfg.server_threads) as workers:
         async def collect():
             try:
                 return await collect_episodes(Executor(pool, workers, book, config, cache=cache), batches, out_dir,

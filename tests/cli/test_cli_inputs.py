@@ -62,6 +62,19 @@ def test_import_routellm_refuses_out_equal_to_csv(tmp_path, capsys):
     assert hashlib.sha256(csv.read_bytes()).hexdigest() == before
 
 
+def test_an_out_under_proc_is_one_line_and_nothing_written(tmp_path, capsys):
+    """issue 25's probes (once benchmarks/cli_probes.py): an output under /proc, which no one can create,
+    is refused in one line before any work (replay's case is tests/cli/test_replay_cli.py's)."""
+    csv = routellm_csv(tmp_path / "responses.csv")
+    code, err = run(["import-routellm", "--csv", str(csv), "--out", "/proc/routerops-test/t.parquet"], capsys)
+    one_line_error(code, err, "--out")
+    src = tmp_path / "raw"
+    src.mkdir()
+    code, err = run(["reprice", "--src", str(src), "--price-book", str(REPO / "configs/prices/current.yaml"),
+                     "--out", "/proc/routerops-test/priced"], capsys)
+    one_line_error(code, err, "--out")
+
+
 @pytest.mark.parametrize(("drop", "named"), [("m2", "'m2'"), ("m2_response", "'m2_response'")])
 def test_import_routellm_names_a_missing_model_column(drop, named, tmp_path, capsys):
     out = tmp_path / "t.parquet"

@@ -165,7 +165,7 @@ def test_the_reported_bodies_are_our_400(raw):
 
 
 def test_a_null_max_completion_tokens_does_not_hide_max_tokens():
-    # found by Schemathesis (benchmarks/gateway_fuzz.py): {"max_completion_tokens": null, "max_tokens": 0} was a 200
+    # found by Schemathesis (tests/gateway/test_schema_fuzz.py's longer run): {"max_completion_tokens": null, "max_tokens": 0} was a 200
     body = {"model": "auto", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": None,
             "max_tokens": 0}
     with pytest.raises(RequestError):

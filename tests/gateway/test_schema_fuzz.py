@@ -2,11 +2,12 @@
 budget: valid and invalid requests generated from the schema for every route, each answered without a
 5xx and in the documented shape (status, content type, body schema). A live gateway (uvicorn in a
 thread) in front of a real endpoint (DelayedEndpoint); the key is valid, so requests reach the router,
-the budget and the worker. The longer run is benchmarks/gateway_fuzz.py."""
+the budget and the worker. The longer run: `ROUTEROPS_FUZZ_EXAMPLES=500 pytest tests/gateway/test_schema_fuzz.py`."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ from routerops.workers.chaos import DelayedEndpoint, _BackgroundServer
 REPO = Path(__file__).resolve().parents[2]
 POOL, BOOK = load_pool(REPO / "configs" / "pools" / "embedded-smollm2.yaml"), load_price_book(REPO / "configs" / "prices" / "current.yaml")
 NAME = "router-fuzz"
-EXAMPLES_PER_ROUTE = 25  # the suite's budget; benchmarks/gateway_fuzz.py runs more
+# The suite's budget; the longer run (once benchmarks/gateway_fuzz.py) sets ROUTEROPS_FUZZ_EXAMPLES=500.
+EXAMPLES_PER_ROUTE = int(os.environ.get("ROUTEROPS_FUZZ_EXAMPLES", "25"))
 
 
 class LiveGateway:

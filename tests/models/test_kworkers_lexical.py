@@ -111,7 +111,7 @@ def test_sparse_neighbour_search_matches_knn_on_the_same_vectors(split):
     dense = KNNRouter(k=7)
     dense.unit_train_ = lexical.unit_train_.toarray().astype(np.float32)
     probe = lexical._unit(test.queries)
-    np.testing.assert_array_equal(lexical._top_k(probe, 7), dense._top_k(probe.toarray().astype(np.float32), 7))
+    np.testing.assert_array_equal(lexical.top_k(probe, 7), dense.top_k(probe.toarray().astype(np.float32), 7))
     # and the prediction is the neighbours' mean score
     similarity = (probe @ lexical.unit_train_.T).toarray()
     expected = train.scores[np.argsort(-similarity, axis=1, kind="stable")[:, :7]].mean(axis=1)

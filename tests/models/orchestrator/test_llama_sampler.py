@@ -106,7 +106,7 @@ def test_sampled_log_probs_agree_with_the_trainers_and_follow_each_update(traine
 def test_float16_rollouts_stay_within_the_stated_drift_of_the_trainer(trainer, spec, smollm2_folder):
     """RLSettings.rollout_weights = f16: llama.cpp multiplies float16 weights with float16-rounded
     activations. Bounds: 5e-3 nats a token on average, 5e-2 at most (~1.5e-3 and ~1.2e-2 measured,
-    benchmarks/llama_engine_precision.py). At 5e-2 a first-update truncated importance weight
+    experiments/llama_engine_precision.py). At 5e-2 a first-update truncated importance weight
     π_old/π_sampler stays within e^±0.05, far from its cap of 2, and the ratio of eq. 7 is the trainer's
     own (π_old recomputed). Above f32's ~3e-5: the float16 copy is the one in use."""
     sampler = sampler_of(trainer, spec, smollm2_folder, weights="f16")
