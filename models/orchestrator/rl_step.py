@@ -1,5 +1,9 @@
 """One RL step of the orchestrator (004 App. B): G rollouts of a task → the RolloutGroup every
-estimator reads (V, C, per-turn U_t / V_t, anchors) → one update of the LoRA policy."""
+estimator reads (V, C, per-turn U_t / V_t, anchors) → one update of the LoRA policy.
+
+Beside the trainer it drives (rl.py: `RLTrainer`, `RolloutBatch`) and the estimators it feeds
+(advantages.py), as TRL keeps a trainer's step with the trainer; the orchestra-rl stage
+(stages/orchestra/rl.py) only reads its inputs, loops over steps and writes its outputs."""
 
 from __future__ import annotations
 
@@ -14,7 +18,6 @@ from models.orchestrator.sampler import controller_for
 from routerops.envs.qa import extract_answer
 from routerops.orchestra.executor import WORKER_ACTOR, Executor, TreeShape
 from routerops.workers.cache import WorkerCache
-from stages.orchestra.config import CONTROLLER_NAME
 
 log = logging.getLogger(__name__)
 
@@ -194,10 +197,11 @@ async def rl_step(trainer, executor: Executor, cfg, controller, generation, task
             "update_seconds": stats["seconds"], "step_seconds": time.perf_counter() - started}
 
 
-def rl_controller(trainer, generation, spec, model_cache):
+def rl_controller(trainer, generation, spec, model_cache, name: str):
     """The RL stage's sampler of the trainer's policy (orchestra.controller.engine: FastSampler, a merged,
-    KV-cached copy, or LlamaCppSampler, the adapter on llama.cpp; either re-synced before every step)."""
-    return controller_for(trainer.model, trainer.tokenizer, generation, name=CONTROLLER_NAME, version="rl",
+    KV-cached copy, or LlamaCppSampler, the adapter on llama.cpp; either re-synced before every step).
+    `name`: the controller's price-book entry (its turns are billed under it)."""
+    return controller_for(trainer.model, trainer.tokenizer, generation, name=name, version="rl",
                           gguf=base_gguf(spec), work_dir=model_cache, weights=trainer.settings.rollout_weights)
 
 

@@ -24,7 +24,7 @@ from routerops.pricing import check_pool_priced, load_pool, load_price_book
 from routerops.workers import check_pool_runnable
 from stages.manifest import write_manifest
 from stages.orchestra.config import CONTROLLER_NAME, OrchestraRun, lm_config
-from stages.orchestra.rl_groups import rl_step, rl_controller, prepare_rl_controller
+from models.orchestrator.rl_step import rl_step, rl_controller, prepare_rl_controller
 from stages.orchestra.workers import _workers, close_workers, rollout_run_id, worker_cache, run_inputs
 
 log = logging.getLogger(__name__)
@@ -235,7 +235,7 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
             with _workers(pool, run.evaluation.server_ctx, run.evaluation.server_threads) as workers:
                 async def loop():
                     executor = Executor(pool, workers, book, executor_config, cache=cache)
-                    controller = rl_controller(trainer, generation, lm.model, layout.model_cache)
+                    controller = rl_controller(trainer, generation, lm.model, layout.model_cache, CONTROLLER_NAME)
                     try:
                         visit, probe_rates = task_list, {}
                         if settings.pool == "signal":
