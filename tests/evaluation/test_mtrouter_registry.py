@@ -22,7 +22,7 @@ import pytest
 from models.mtrouter.config import MTRouterConfig
 from stages.mtrouter import held_out_outcomes, judged_episodes
 from models.mtrouter.router import MTRouter
-from evaluation.mtrouter_serving import ServedMTRouter
+from evaluation.serving.mtrouter import ServedMTRouter
 from routerops import schema
 from routerops.config import TrackConfig
 from routerops.envs.replay import ReplayEnvironment, replay_tasks, replay_workers

@@ -11,7 +11,7 @@ import pytest
 
 from models.mtrouter.history import Interaction
 from models.mtrouter.router import MTRouter
-from evaluation.mtrouter_serving import STOP_CHOICE, ServedMTRouter
+from evaluation.serving.mtrouter import STOP_CHOICE, ServedMTRouter
 from routerops.errors import InputError
 
 WORKERS = ["cheap", "mid", "dear"]
