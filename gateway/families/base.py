@@ -1,5 +1,6 @@
 """What every family adapter of the gateway shares: the adapter's shape (`GatewayFamily`), the
-per-call `Scorer`, the services an episode family uses of the app, and the refusals they share.
+per-call `Scorer`, the services an episode family uses of the app, the refusal they share, and the
+episode families' common parts (the chat as a task, the row of a failed episode, the one-chunk stream).
 
 The adapters live beside this module (single_turn, mtrouter, orchestra, critique); gateway/families
 registers them by family name, the names of evaluation/serving's registry.
@@ -7,12 +8,15 @@ registers them by family name, the names of evaluation/serving's registry.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from evaluation.serving import ServedFamily
-from gateway.routing import Estimate
+from gateway.errors import RequestError
+from gateway.routing import Estimate, content_text
 from gateway.store import KeyInfo, Store
 from routerops.errors import InputError
 from routerops.pricing import Pool, PriceBook
@@ -103,3 +107,44 @@ class GatewayFamily:
     @property
     def runs_episodes(self) -> bool:
         return self.answer is not None
+
+
+# ---------------------------------------------------------------- what the episode families share
+
+
+def chat_task(messages: list[dict[str, Any]]) -> str:
+    """The task the controller plans for. One user message: its text, as in training (004: the task is
+    the first user message after the system prompt). A longer chat: its user and assistant turns as a
+    transcript, so the last request is read in its context. The client's system messages are left
+    out: the controller's system prompt is the grammar and the pool (004 App. F.1), and a second one
+    would contradict it."""
+    turns = [(m.get("role"), content_text(m.get("content"))) for m in messages if m.get("role") in ("user", "assistant")]
+    if not any(role == "user" and text.strip() for role, text in turns):
+        raise RequestError(400, "an orchestrator champion needs a user message: the task it plans for")
+    if len(turns) == 1:
+        return turns[0][1]
+    return "\n\n".join(f"{'User' if role == 'user' else 'Assistant'}: {text}" for role, text in turns)
+
+
+def failed_record(exc: BaseException, budget: float, remaining: float, started: float) -> dict[str, Any]:
+    """The decision-log row of an episode that did not finish: charged its whole reservation."""
+    return {"created_at": _utc_now(), "worker": "", "status": "error",
+            "explanation": {"family": "orchestrator", "budget_usd": budget, "key_remaining_usd": remaining,
+                            "error": f"{type(exc).__name__}: {str(exc)[:300]}", "calls": []},
+            "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": budget, "usage_source": "estimated",
+            "response": "", "latency_s": time.monotonic() - started}
+
+
+async def one_chunk_stream(completion: dict[str, Any]):
+    """The answer as one content chunk, then the chunk with usage and routerops (module docstring)."""
+    head = {k: completion[k] for k in ("id", "created", "model")}
+    choice = completion["choices"][0]
+    yield "data: " + json.dumps({**head, "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": choice["message"], "finish_reason": choice["finish_reason"]}]}) + "\n\n"
+    yield "data: " + json.dumps({**head, "object": "chat.completion.chunk", "choices": [],
+                                 "usage": completion["usage"], "routerops": completion["routerops"]}) + "\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

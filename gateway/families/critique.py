@@ -27,8 +27,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from evaluation.serving import CRITIQUE, served_family
 from gateway.errors import RequestError
-from gateway.families.base import GatewayFamily, GatewayServices, ServedChampion
-from gateway.families.orchestra import chat_task, failed_record, one_chunk_stream
+from gateway.families.base import (GatewayFamily, GatewayServices, ServedChampion, chat_task, failed_record,
+                                   one_chunk_stream)
 from gateway.store import BudgetRefused, KeyInfo
 from gateway.upstream import usage_in
 from routerops.rollout import prompt_token_bound

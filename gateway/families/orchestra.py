@@ -35,8 +35,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from evaluation.serving import ORCHESTRATOR, served_family
 from gateway.errors import RequestError
-from gateway.families.base import GatewayFamily, GatewayServices, ServedChampion
-from gateway.routing import content_text
+from gateway.families.base import (GatewayFamily, GatewayServices, ServedChampion, chat_task, failed_record,
+                                   one_chunk_stream)
 from gateway.store import BudgetRefused, KeyInfo
 from routerops import schema
 from routerops.orchestra.executor import EpisodeResult, Executor, ExecutorConfig, opening, worker_labels
@@ -47,20 +47,6 @@ from routerops.types import Task
 
 log = logging.getLogger(__name__)
 SUITE, SPLIT = "gateway", "serve"  # the episode's task is a live request: no suite, no reference answer
-
-
-def chat_task(messages: list[dict[str, Any]]) -> str:
-    """The task the controller plans for. One user message: its text, as in training (004: the task is
-    the first user message after the system prompt). A longer chat: its user and assistant turns as a
-    transcript, so the last request is read in its context. The client's system messages are left
-    out: the controller's system prompt is the grammar and the pool (004 App. F.1), and a second one
-    would contradict it."""
-    turns = [(m.get("role"), content_text(m.get("content"))) for m in messages if m.get("role") in ("user", "assistant")]
-    if not any(role == "user" and text.strip() for role, text in turns):
-        raise RequestError(400, "an orchestrator champion needs a user message: the task it plans for")
-    if len(turns) == 1:
-        return turns[0][1]
-    return "\n\n".join(f"{'User' if role == 'user' else 'Assistant'}: {text}" for role, text in turns)
 
 
 def no_reference(task: Task, answer: str | None) -> float:
@@ -196,15 +182,6 @@ def episode_explanation(champion: ServedChampion, result: EpisodeResult, budget:
             "cost_share": {w: c / cost for w, c in share.items() if cost > 0 and c > 0}}
 
 
-def failed_record(exc: BaseException, budget: float, remaining: float, started: float) -> dict[str, Any]:
-    """The decision-log row of an episode that did not finish: charged its whole reservation."""
-    return {"created_at": _utc_now(), "worker": "", "status": "error",
-            "explanation": {"family": "orchestrator", "budget_usd": budget, "key_remaining_usd": remaining,
-                            "error": f"{type(exc).__name__}: {str(exc)[:300]}", "calls": []},
-            "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": budget, "usage_source": "estimated",
-            "response": "", "latency_s": time.monotonic() - started}
-
-
 def completion_body(body: dict[str, Any], decision_id: str, episode: dict[str, Any],
                     extra: dict[str, Any]) -> dict[str, Any]:
     """The OpenAI chat.completion: the final answer; `length` when T_max or the budget ended it first."""
@@ -216,17 +193,6 @@ def completion_body(body: dict[str, Any], decision_id: str, episode: dict[str, A
                          "finish_reason": finish}],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
             "routerops": extra}
-
-
-async def one_chunk_stream(completion: dict[str, Any]):
-    """The answer as one content chunk, then the chunk with usage and routerops (module docstring)."""
-    head = {k: completion[k] for k in ("id", "created", "model")}
-    choice = completion["choices"][0]
-    yield "data: " + json.dumps({**head, "object": "chat.completion.chunk", "choices": [
-        {"index": 0, "delta": choice["message"], "finish_reason": choice["finish_reason"]}]}) + "\n\n"
-    yield "data: " + json.dumps({**head, "object": "chat.completion.chunk", "choices": [],
-                                 "usage": completion["usage"], "routerops": completion["routerops"]}) + "\n\n"
-    yield "data: [DONE]\n\n"
 
 
 def _utc_now() -> str:

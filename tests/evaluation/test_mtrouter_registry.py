@@ -1,4 +1,4 @@
-"""The multi-turn MTRouter in the MLflow registry (tasks/registry.py, models/mtrouter/serving.py) on a
+"""The multi-turn MTRouter in the MLflow registry (evaluation/registry.py, evaluation/serving/mtrouter.py) on a
 real MLflow store (SQLite in tmp_path), with training and gate episodes from real rollouts.
 
 The rollouts run the engine (routerops.rollout) in the replay environment: each call answers from a

@@ -1,5 +1,5 @@
 """Saving and reloading a fitted MTRouter (no pickle; identical scores), and the served decision rule
-with its input checks (models/mtrouter/serving.py)."""
+with its input checks (evaluation/serving/mtrouter.py)."""
 
 from __future__ import annotations
 
