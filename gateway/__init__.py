@@ -1,5 +1,6 @@
 """The routing gateway: an OpenAI-compatible HTTP server in front of the pool, driven by the registered
-champion (of any served family: a single-turn router, MTRouter, the orchestrator, critique-and-route), with per-key USD budgets, an explained
+champion (of any served family: a single-turn router, MTRouter, the orchestrator, critique-and-route),
+with per-key USD budgets, an explained
 decision per request and champion hot-swap.
 
 store.py     API keys (hashed at rest), budgets per key and period, the decision log (SQLAlchemy:

@@ -7,8 +7,9 @@ Vectors are L2-normalised float32, so a dot product is the cosine similarity the
 The cache is one SQLite file keyed by sha256(model id, text): safe under concurrent readers, survives
 crashes (each batch is one transaction), and a cached run does not even load the model.
 
-Backends (`ENCODER_BACKENDS`, each described by a `BackendSpec` in `BACKENDS`, models/encoder_backends.py): "torch" runs the
-sentence-transformers model as is; "torch-int8" with its Linear layers dynamically quantised to int8;
+Backends (`ENCODER_BACKENDS`, each described by a `BackendSpec` in `BACKENDS`; models/encoder_backends.py
+runs them): "torch" runs the sentence-transformers model as is; "torch-int8" with its Linear layers
+dynamically quantised to int8;
 "onnx" / "onnx-int8" run an ONNX export of the same weights in ONNX Runtime (attention and layer norms
 fused; int8: 7-bit weights per output channel, activations per call). Exports are cached on disk keyed
 by the model files' content. Non-torch backends (and their recipe) are part of the model id, so vectors

@@ -1,6 +1,7 @@
 """Serving a fitted router: raw query text and a budget in, the chosen worker and every worker's score out.
 
-`ServedRouter` is the single-turn `Servable` (evaluation/servable.py; family `single-turn` of evaluation/serving): evaluation/registry.py logs
+`ServedRouter` is the single-turn `Servable` (evaluation/servable.py; family `single-turn` of
+evaluation/serving): evaluation/registry.py logs
 the bundle directory it saves, and evaluation/serving loads it back. A bundle holds
 
   router.pkl    the fitted router (cloudpickle, so routers holding closures pickle too); a sentence

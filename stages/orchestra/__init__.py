@@ -11,8 +11,9 @@ the paper-scale run. The controller trains on train tasks only; the promotion ga
 test and OOD are only rolled out on.
 
 One module per stage (or pair of small ones): config (params.yaml's `orchestra` section), workers (the
-pool and the controller's rollouts), data (tasks, baselines), teacher, sft (probe, filter, SFT), rl (the
-RL stage; one step of it is models/orchestrator/rl_step.py, beside the trainer), evaluate, register. What the stages, flows, tests and
+pool and the controller's rollouts), data (tasks, baselines), teacher, sft (probe, filter, SFT), rl
+(the RL stage; one step of it is models/orchestrator/rl_step.py, beside the trainer), evaluate,
+register. What the stages, flows, tests and
 benchmarks import is re-exported here, except the stage functions named like their module
 (`stages.orchestra.rl:rl`, as stages/__init__.py names them).
 """
