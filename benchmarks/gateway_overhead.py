@@ -72,7 +72,7 @@ def register_knn(tmp: Path) -> tuple[str, str]:
     import mlflow
 
     from evaluation.registry import CHAMPION_ALIAS, register
-    from evaluation.serving import ServedRouter
+    from evaluation.serving.single_turn import ServedRouter
     from evaluation.tracking import use_tracking
     from models.base import RoutingData
     from models.baselines import KNNRouter

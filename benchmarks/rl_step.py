@@ -3,7 +3,7 @@ GRPOTrainer, on the same model (SmolLM2-135M-Instruct, params.yaml's orchestra.m
 (r, alpha, every projection), group size G, prompt length and completion length, in one run.
 
 Five sides, each in one run:
-- ours: what the orchestra-rl stage does per step (stages/orchestra/rl_groups.py:rl_step) minus the executor and
+- ours: what the orchestra-rl stage does per step (models/orchestrator/rl_step.py:rl_step) minus the executor and
   workers: G completions of the prompt sampled through the stage's LlamaCppSampler (models/orchestrator/
   llama_sampler.py: the adapter written as a GGUF LoRA and applied by llama.cpp on a dense copy of the
   base GGUF in params.yaml's orchestra.rl.rollout_weights, the rows decoded as one batch; re-synced to

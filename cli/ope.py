@@ -47,7 +47,7 @@ def add_ope_parser(sub: argparse._SubParsersAction) -> None:
 def resolve_router(ref: str) -> tuple[str, Any]:
     """(label, servable) of a router reference (module docstring)."""
     from evaluation.registry import CHAMPION_ALIAS, load_registered
-    from evaluation.servable import load_servable
+    from evaluation.serving import load_servable
 
     if Path(ref).is_dir():
         return ref, load_servable(ref)

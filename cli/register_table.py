@@ -115,7 +115,7 @@ def register_command(args: argparse.Namespace) -> None:
     say("loading the router registry and the encoder (torch, MLflow)")
     from evaluation.registry import CHAMPION_ALIAS, logged_grid_judge, register_and_promote
     from evaluation.replay import routing_data_from_table
-    from evaluation.serving import ServedRouter
+    from evaluation.serving.single_turn import ServedRouter
     from evaluation.tracking import use_tracking
     from models.embeddings import default_encoder
     from models.registry import ROUTER_FACTORIES, make_router

@@ -320,7 +320,7 @@ def register_critique_lm(cfg: CritiqueLMConfig, root: str | Path, adapter: Path,
     `fit_queries` validation queries after the gate's `val_queries` (disjoint from them: the gate does
     not judge on the rows τ was fitted on; default protocol.eval_queries, as the evaluation fits it),
     and the registered controller carries τ: the gate and the gateway see the thresholded verdicts."""
-    from evaluation.critique_serving import ServedCritique
+    from evaluation.serving.critique import ServedCritique
     from evaluation.registry import register_and_promote
     from routerops.promotion import GateConfig
 

@@ -160,7 +160,7 @@ def retrain_from_log(name: str, log_source: str | Path, cutoff: str, out_dir: st
                      base_table: str | Path | None = None, min_rows: int = 20) -> dict[str, Any]:
     """Refit the champion's router on its graded traffic before `cutoff`, register it, run the gate."""
     from evaluation.registry import champion_version, load_registered, register
-    from evaluation.serving import ServedRouter
+    from evaluation.serving.single_turn import ServedRouter
 
     champ_v = champion_version(name)
     if champ_v is None:

@@ -1,7 +1,7 @@
 """MLflow model registry for every router: one `register()`, one `promote()`.
 
 `register(servable)` logs any `Servable` (evaluation/servable.py) as an MLflow pyfunc model whose
-loader module is `evaluation.servable`, with the servable's signature, input example, params and
+loader module is `evaluation.serving`, with the servable's signature, input example, params and
 provenance tags (plus the git commit and the data hashes given), and registers it under the
 servable's name (`router-knn`, `mtrouter-scienceworld` ...).
 
@@ -34,9 +34,10 @@ from mlflow.models import Model
 import evaluation
 import models
 import routerops
-from evaluation.replay import cost_window
-from evaluation.servable import Servable, load_servable
-from evaluation.serving import ServedRouter, fingerprint, judge_on_split
+from evaluation.curves import cost_window
+from evaluation.servable import Servable
+from evaluation.serving import load_servable
+from evaluation.serving.single_turn import ServedRouter, fingerprint, judge_on_split
 from evaluation.tracking import git_commit, log_dataset_inputs
 from models.base import RoutingData
 from routerops.promotion import GateConfig, Outcomes, PromotionDecision, decide_promotion
@@ -114,7 +115,7 @@ def register(servable: Servable, *, data_hashes: dict[str, str] | None = None,
             if example is None:  # MLflow advises an example; the signature is explicit (servable.py says why)
                 warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
             info = mlflow.pyfunc.log_model(
-                name=MODEL_ARTIFACT, loader_module="evaluation.servable",
+                name=MODEL_ARTIFACT, loader_module="evaluation.serving",
                 data_path=str(servable.save(Path(tmp) / SAVED_DIR)), code_paths=_code_paths() if include_code else None,
                 signature=servable.signature(), input_example=example,
                 pip_requirements=serving_requirements(servable.needs_encoder(), extra_packages(servable)),

@@ -3,19 +3,19 @@
 A `Servable` is a fitted router wrapped for serving: it saves itself to a directory and loads back
 from it, names its MLflow signature, input example, provenance tags and params, and answers
 `predict(DataFrame) -> DataFrame`. evaluation/registry.py logs any Servable the same way (one
-`register()`, one `promote()`), whatever the router family: single-turn routers
-(evaluation/serving.py: `ServedRouter`) and the multi-turn MTRouter (evaluation/mtrouter_serving.py:
-`ServedMTRouter`).
+`register()`, one `promote()`), whatever the served family: the families and their servable
+classes are registered in evaluation/serving/ (single-turn routers, MTRouter, the orchestrator,
+critique-and-route).
 
-Every saved directory holds `servable.json` naming the class that loads it, so this module is the
-only pyfunc *loader module* (mlflow.pyfunc "workflow 2": MLflow imports it and calls
-`_load_pyfunc(data_path)`), and models/ never imports mlflow.
+Every saved directory holds `servable.json` naming the family (and class) that loads it, so
+evaluation/serving (the family registry, which `load_servable` reads) is the only pyfunc *loader
+module* (mlflow.pyfunc "workflow 2": MLflow imports it and calls `_load_pyfunc(data_path)`), and
+models/ never imports mlflow. This module is below every family's servable, and imports none.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 import json
 import logging
 import numbers
@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 class Servable(Protocol):
     """What evaluation/registry.py needs of a router to log, load, serve and judge it."""
 
+    served_as: str  # its served family (evaluation/serving: SERVED_FAMILIES), e.g. "single-turn"
     family: str  # registry family, e.g. "knn" or "mtrouter"
     workers: list[str]
 
@@ -140,30 +141,14 @@ def warn_if_capped(texts: Sequence[str], column: str) -> None:
 
 
 def write_servable_meta(servable: Servable, directory: Path, **extra: Any) -> Path:
-    """Record which class loads `directory` (read by `load_servable` and the pyfunc loader); `extra`
-    holds what the class's `load` needs beyond the saved router (e.g. the suite it serves)."""
+    """Record which family (and class) loads `directory` (read by `load_servable` and the pyfunc
+    loader); `extra` holds what the class's `load` needs beyond the saved router (e.g. the suite)."""
     cls = type(servable)
-    meta = {"format": SERVABLE_FORMAT, "class": f"{cls.__module__}:{cls.__qualname__}", "family": servable.family,
-            **extra}
+    meta = {"format": SERVABLE_FORMAT, "served_as": cls.served_as, "class": f"{cls.__module__}:{cls.__qualname__}",
+            "family": servable.family, **extra}
     schema.write_json_atomic(meta, Path(directory) / SERVABLE_FILE)
     return directory
 
 
-def load_servable(directory: str | Path) -> Servable:
-    """The servable saved in `directory`, loaded by the class its servable.json names."""
-    directory = Path(directory)
-    meta = schema.read_format_meta(directory / SERVABLE_FILE, SERVABLE_FORMAT, "saved router")
-    module_name, _, qualname = meta["class"].partition(":")
-    if not module_name.startswith("evaluation."):
-        raise InputError(directory / SERVABLE_FILE, "class", f"{meta['class']!r} is not a routerops servable")
-    cls = getattr(importlib.import_module(module_name), qualname)
-    return cls.load(directory)
-
-
 def servable_json(directory: str | Path) -> dict[str, Any]:
     return json.loads((Path(directory) / SERVABLE_FILE).read_text())
-
-
-def _load_pyfunc(data_path: str) -> Servable:
-    """MLflow's loader-module entry point: `data_path` is the directory the servable saved."""
-    return load_servable(data_path)

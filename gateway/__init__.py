@@ -1,13 +1,15 @@
 """The routing gateway: an OpenAI-compatible HTTP server in front of the pool, driven by the registered
-champion (a single-turn router, MTRouter or the orchestrator), with per-key USD budgets, an explained
+champion (of any served family: a single-turn router, MTRouter, the orchestrator, critique-and-route),
+with per-key USD budgets, an explained
 decision per request and champion hot-swap.
 
 store.py     API keys (hashed at rest), budgets per key and period, the decision log (SQLAlchemy:
              SQLite embedded, Postgres by URL)
 champion.py  the champion loaded from the MLflow registry, checked against the pool, swapped in the background
-families.py  how each family reads a chat: the query (single-turn), the history h_t (MTRouter)
+families/    every served family's adapter, looked up by name (the registry in families/__init__.py):
+             how it reads a chat and answers it — single_turn.py (the query), mtrouter.py (the history
+             h_t), orchestra.py (one executor episode, reserved and settled), critique.py (draft, verdict, escalation)
 routing.py   the decision: each worker's estimated quality and worst-case cost, the budget rule
-orchestrated.py  an orchestrator champion's request: one executor episode, reserved and settled
 errors.py    the OpenAI-format request error
 intake.py    a request's head, key, rate and body, checked before it may take a slot (408/413/429/431)
 upstream.py  a worker's answer checked: its usage (an impossible one is a worker error), a stream's delivered bound

@@ -6,9 +6,9 @@ POST /v1/chat/completions   `model` = "router:<registered name>" or "auto"; `str
                             `cost_weight` (λ of q̂ − λ·cost), `turns_left` (MTRouter's T_max − t). The
                             answer is the worker's, with `usage`, plus a `routerops` field and
                             `x-routerops-*` headers (worker, cost, scores). Single-turn routers and
-                            MTRouter pick one worker per request (gateway/families.py reads the chat
+                            MTRouter pick one worker per request (gateway/families reads the chat
                             for each); an orchestrator champion runs a whole controller episode
-                            instead (gateway/orchestrated.py).
+                            instead (gateway/families/orchestra.py).
 GET  /v1/models             the routed models, their champions and families (and refused champions).
 GET  /v1/decisions/{id}     a decision's explanation (only to the key that made the request).
 POST /v1/decisions/{id}/feedback   {"score": 0..1}: grade a decision (the log becomes training data).
@@ -36,10 +36,7 @@ from gateway.admission import ADMITTED, ADMITTED_PATHS, WORKER_CALLED, Admission
 from gateway.answers import complete, stream
 from gateway.errors import RequestError, error_response
 from gateway.intake import ClientGone, IntakeMiddleware, intake_limits, read_body
-from gateway.critiqued import answer_critiqued
-from gateway.families import CRITIQUE, ORCHESTRATOR
 from gateway.ops import add_operations
-from gateway.orchestrated import answer_orchestrated
 from gateway.parsing import check_chat_request, read_feedback, read_json_object
 from gateway.serving import server_limits
 from gateway.proxy import AUTO, ROUTER_PREFIX, Gateway
@@ -113,12 +110,12 @@ def create_app(gw: Gateway) -> FastAPI:
         key = await gw.authenticate(request)
         req = check_chat_request(await body_of(request))
         champion = gw.resolve(req.model)
-        if champion.family in (ORCHESTRATOR, CRITIQUE):
+        episode = champion.adapter.answer  # an episode family answers the whole request (gateway/families)
+        if episode is not None:
             if req.media or req.tools:
                 raise RequestError(400, f"an {champion.family} champion reads the chat's text: it takes no media parts "
                                         "and no tools", code="unsupported_content")
-            answer = answer_orchestrated if champion.family == ORCHESTRATOR else answer_critiqued
-            response = await answer(gw, key, req.body, champion, req.messages, req.budget_usd)
+            response = await episode(gw, key, req.body, champion, req.messages, req.budget_usd)
         else:
             call = await gw.open_call(key, req, champion)
             state = request.scope.get("state", {})

@@ -1,4 +1,4 @@
-"""The champion the gateway serves (a single-turn router, MTRouter or the orchestrator), and its hot-swap.
+"""The champion the gateway serves (a servable of any family of gateway/families), and its hot-swap.
 
 `Champions` holds, per registered name, the version that holds the registry's `champion` alias,
 loaded (evaluation/registry.py `load_registered`). A watcher thread polls the alias; when it moves,
@@ -6,11 +6,12 @@ the new version is loaded *in that thread* and checked against the gateway's poo
 swapped in with one assignment. A request reads the current champion once, at its start, and keeps
 that object: in-flight requests finish on the old router while new ones get the new one.
 
-A champion that cannot serve the current pool is refused: a router (single-turn or MTRouter) that
-routes to a worker the pool has no LLM endpoint for, or the price book does not price; an
-orchestrator whose (worker, primitive) routes the pool does not offer, whose controller or workers
-the book does not price, or whose code-running worker has no sandbox here; a servable of no family
-the gateway serves (gateway/families.py). The old one keeps serving, and the reason is logged and
+A champion that cannot serve the current pool is refused, for the reason its family gives
+(`GatewayFamily.problem`): a router (single-turn, MTRouter, critique) that routes to a worker the pool
+has no LLM endpoint for, or the price book does not price; an orchestrator whose (worker, primitive)
+routes the pool does not offer, whose controller or workers the book does not price, or whose
+code-running worker has no sandbox here; a servable of no family the gateway serves
+(gateway/families). The old one keeps serving, and the reason is logged and
 kept in `refusals` (shown by GET /v1/models).
 """
 
@@ -23,10 +24,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from evaluation.registry import champion_version, load_registered
-from gateway.families import FAMILIES, ORCHESTRATOR, Scorer, family_of, scorer_for
+from gateway.families import FAMILIES, GatewayFamily, Scorer, family_of, gateway_family, scorer_for
 from gateway.routing import EmbeddingCache
 from routerops.pricing import Pool, PriceBook
-from routerops.workers.sandbox import sandbox_problem
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +35,10 @@ log = logging.getLogger(__name__)
 class Champion:
     name: str
     version: str
-    router: object  # the registered servable: ServedRouter, ServedMTRouter or ServedOrchestrator
+    router: object  # the registered servable (evaluation/serving: ServedRouter, ServedMTRouter, …)
     loaded_at: str
     embed: EmbeddingCache | None = None  # the router's encoder behind an LRU (None: reads no embedding)
-    scorer: Scorer | None = None  # its quality estimate per request (None: the orchestrator runs episodes)
+    scorer: Scorer | None = None  # its quality estimate per request (None: an episode family's champion)
 
     def __post_init__(self) -> None:
         if self.scorer is None:
@@ -48,50 +48,20 @@ class Champion:
     def family(self) -> str | None:
         return family_of(self.router)
 
+    @property
+    def adapter(self) -> GatewayFamily | None:
+        """Its family's gateway adapter (how a request to it is answered)."""
+        return gateway_family(self.router)
+
 
 def serving_problem(servable: object, pool: Pool, book: PriceBook) -> str | None:
-    """Why `servable` cannot serve this gateway's pool, or None if it can."""
-    family = family_of(servable)
+    """Why `servable` cannot serve this gateway's pool, or None if it can: its family's own check
+    (gateway/families)."""
+    family = gateway_family(servable)
     if family is None:
         return (f"a {type(servable).__name__} is of no family the gateway serves ({', '.join(FAMILIES)}: "
-                f"gateway/families.py)")
-    if family == ORCHESTRATOR:
-        return orchestrator_problem(servable, pool, book)
-    return routed_workers_problem(servable.workers, pool, book)
-
-
-def routed_workers_problem(workers: list[str], pool: Pool, book: PriceBook) -> str | None:
-    """A router calls its chosen worker over the chat API: each must be a priced LLM of the pool."""
-    llm = {w.name for w in pool.workers if w.kind == "llm"}
-    for worker in workers:
-        if worker not in llm:
-            return f"it routes to worker {worker!r}, which pool {pool.name!r} has no LLM endpoint for"
-        if worker not in book.prices:
-            return f"it routes to worker {worker!r}, which price book {book.version} does not price"
-    return None
-
-
-def orchestrator_problem(served, pool: Pool, book: PriceBook) -> str | None:
-    """The executor runs the controller's routes through this pool: every (worker, primitive) pair the
-    controller was trained to route (its system prompt lists them, 004 App. A.6) must be offered,
-    by a worker of the same kind, priced; and its own turns must be priced (the budget counts them)."""
-    offered = set(pool.admissible_pairs())
-    for worker, primitive in served.pool.admissible_pairs():
-        if (worker, primitive) not in offered:
-            return (f"it routes ({worker!r}, {primitive!r}), which pool {pool.name!r} does not offer; it was "
-                    f"trained on pool {served.pool.name!r}")
-        if pool.worker(worker).kind != served.pool.worker(worker).kind:
-            return f"its worker {worker!r} is a {served.pool.worker(worker).kind} worker, in pool {pool.name!r} a " \
-                   f"{pool.worker(worker).kind} one"
-        if worker not in book.prices:
-            return f"it routes to worker {worker!r}, which price book {book.version} does not price"
-    if served.controller.name not in book.prices:
-        return f"price book {book.version} has no price for its controller {served.controller.name!r}"
-    coders = sorted({w for w, _ in served.pool.admissible_pairs() if pool.worker(w).kind == "python"})
-    problem = sandbox_problem() if coders else None
-    if problem:
-        return f"its worker(s) {coders} run model-written code, and the sandbox cannot start here: {problem}"
-    return None
+                f"gateway/families)")
+    return family.problem(servable, pool, book)
 
 
 class Champions:

@@ -24,7 +24,7 @@ from gateway.admission import Admission
 from gateway.champion import Champion, Champions
 from gateway.errors import RequestError
 from gateway.families import ChatMappingError
-from gateway.orchestrated import OrchestraRunner
+from gateway.families.orchestra import OrchestraRunner
 from gateway.parsing import SAMPLING_FIELDS, TOOL_FIELDS, ChatRequest, check_chat_request
 from gateway.routing import Decision, decide, prompt_token_bound
 from gateway.serving import KEY

@@ -1,5 +1,5 @@
 """One routing decision: every worker's estimated quality (the champion's family reads the request:
-gateway/families.py) and worst-case cost (the price book), the budget rule, and the order to fall back
+gateway/families/__init__.py) and worst-case cost (the price book), the budget rule, and the order to fall back
 in. One rule for every family that routes a call (single-turn routers and MTRouter).
 
 Worst-case cost. The budget must hold before the call, when the answer's length is unknown, so a
@@ -14,7 +14,7 @@ its pool entry `accepts` them, with the most tokens one may cost (routerops/pric
 for any other worker the bound is infinite, so it is never affordable (gateway/parsing.py checks the
 shapes, the gateway refuses a request no worker accepts).
 
-Rule (evaluation/serving.py's budget rule, with an optional cost weight λ): among the workers whose
+Rule (evaluation/serving/single_turn.py's budget rule, with an optional cost weight λ): among the workers whose
 worst case fits in the budget (the key's remaining budget, or the request's `budget_usd` if lower),
 the one with the highest q̂ − λ·cost (ties: the cheaper); with exploration ε > 0 a uniformly drawn
 affordable worker with probability ε, so the logged propensities support off-policy evaluation.
@@ -41,7 +41,7 @@ from routerops.pricing import PriceBook
 
 @dataclass(frozen=True)
 class Estimate:
-    """One router family's reading of a request (gateway/families.py makes them): each worker's
+    """One router family's reading of a request (gateway/families/__init__.py makes them): each worker's
     quality, or why the router declines."""
 
     workers: list[str]
@@ -188,7 +188,7 @@ class Decision:
     order: list[str]  # chosen first, then the fallbacks
     max_tokens: int
     attempts: list[dict[str, Any]] = field(default_factory=list)  # one per worker tried
-    family: str = ""  # the champion's family (gateway/families.py): whose quality estimate this is
+    family: str = ""  # the champion's family (gateway/families/__init__.py): whose quality estimate this is
     query_text: str = ""  # what the router read: the flattened user turns, or MTRouter's h_t (logged as `query`)
 
     def candidate(self, worker: str) -> Candidate:
@@ -212,7 +212,7 @@ def decide(estimate: Estimate, name: str, version: str, book: PriceBook, prompt_
            max_tokens: int, budget_usd: float, key_remaining_usd: float,
            cost_weight: float = 0.0, epsilon: float = 0.0, rng: random.Random | None = None,
            decision_id: str = "", family: str = "") -> Decision | None:
-    """The decision for one request from a family's quality estimate (gateway/families.py), or None
+    """The decision for one request from a family's quality estimate (gateway/families/__init__.py), or None
     when the router stops or no worker's worst case fits in the budget. A worker the router gave no
     score (NaN) is never chosen; `prompt_bounds` is each worker's prompt_token_bound for the request
     (inf: it cannot be sent this request)."""

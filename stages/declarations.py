@@ -166,7 +166,7 @@ STAGES: dict[str, Stage] = {
              "CPU defaults: ~30 min per (seed, controller) on 2 cores")),
     "critique-lm-register": Stage(lambda: stages_critique().critique_lm_register, CRITIQUE_LM,
                                   lambda L: (L.critique_dir / "lm_results.json",), dvc=Dvc(
-        deps=("reports/critique/lm_results.json", "reports/critique/lm", "evaluation/critique_serving.py"),
+        deps=("reports/critique/lm_results.json", "reports/critique/lm", "evaluation/serving/critique.py"),
         params=("critique_lm", "track"), outs=(uncached("reports/critique/lm_registry.json"),),
         note="the RL'd LM controller → MLflow `critique-lm`, through the promotion gate")),
 

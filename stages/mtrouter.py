@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from evaluation.mtrouter_serving import ServedMTRouter
+from evaluation.serving.mtrouter import ServedMTRouter
 from evaluation.registry import Judged, register_and_promote
 from evaluation.tracking import use_tracking
 from models.episode_router import episode_level_policies

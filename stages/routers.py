@@ -18,7 +18,7 @@ import pandas as pd
 
 from evaluation.registry import logged_grid_judge, register_and_promote
 from evaluation.replay import routing_data_from_table, run_replay_benchmark, split_table
-from evaluation.serving import ServedRouter
+from evaluation.serving.single_turn import ServedRouter
 from evaluation.tracking import use_tracking
 from models.base import RoutingData
 from models.embeddings import default_encoder

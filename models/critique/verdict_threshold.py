@@ -18,7 +18,7 @@ writes `<model>` only after False: a controller inclined to reject, overruled by
 on to name a model and make its turn malformed). Everything else the controller writes is untouched.
 τ = ½ is greedy decoding restricted to the two verdict words. `fit_verdict_threshold` fits τ through
 any greedy episode runner (the evaluation's and the registration's share it); the served controller
-(evaluation/critique_serving.py) keeps τ in its artifact, so the gateway decides as the evaluation did.
+(evaluation/serving/critique.py) keeps τ in its artifact, so the gateway decides as the evaluation did.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ models/base.py; it picks the right worker only if the P̂ of different workers a
 which separately fitted classifiers do not promise. So each worker's P̂ is recalibrated on a
 validation fold the base model never saw: isotonic regression (Zadrozny & Elkan, KDD 2002), or
 Platt's sigmoid (Platt 1999) for small folds. Under a request's budget, serving picks the most
-probable affordable worker (evaluation.serving.choose_within_budget) from the same calibrated P̂.
+probable affordable worker (evaluation.serving.single_turn.choose_within_budget) from the same calibrated P̂.
 
 base: "logistic" (models.baselines.linear.LogisticRouter: L2 logistic regression on embedding ⊕
 surface features, C by inner folds), "knn" (models.baselines.knn.KNNRouter), or "logistic+knn"

@@ -11,7 +11,7 @@ The directory holds no pickle:
 
 The frozen history encoder φ is *referenced* (cfg.encoder_kind / encoder_path / hashing_dim) and
 rebuilt on load, so no encoder weights enter the directory. Serving it (task and history in, next
-worker out) is evaluation/mtrouter_serving.py.
+worker out) is evaluation/serving/mtrouter.py.
 """
 
 from __future__ import annotations

@@ -428,7 +428,7 @@ def opening(pool: Pool, book: PriceBook, config: ExecutorConfig, prompt: str,
             labels: Mapping[str, str]) -> tuple[RouteTable, list[Message]]:
     """What the controller may route to, and the conversation's first two messages: the system prompt
     (grammar, rules, the admissible pairs with prices, budget, Tmax) and the task. Served controllers
-    (evaluation/orchestra_serving.py) open a conversation with it too."""
+    (evaluation/serving/orchestra.py) open a conversation with it too."""
     pairs = pool.admissible_pairs()
     table = RouteTable({label: tuple(p for w, p in pairs if w == worker) for label, worker in labels.items()},
                        frozenset(pool.primitives))

@@ -11,8 +11,9 @@ the paper-scale run. The controller trains on train tasks only; the promotion ga
 test and OOD are only rolled out on.
 
 One module per stage (or pair of small ones): config (params.yaml's `orchestra` section), workers (the
-pool and the controller's rollouts), data (tasks, baselines), teacher, sft (probe, filter, SFT), rl and
-rl_groups (the RL stage and one step of it), evaluate, register. What the stages, flows, tests and
+pool and the controller's rollouts), data (tasks, baselines), teacher, sft (probe, filter, SFT), rl
+(the RL stage; one step of it is models/orchestrator/rl_step.py, beside the trainer), evaluate,
+register. What the stages, flows, tests and
 benchmarks import is re-exported here, except the stage functions named like their module
 (`stages.orchestra.rl:rl`, as stages/__init__.py names them).
 """
@@ -33,9 +34,6 @@ from stages.orchestra.teacher import (  # noqa: F401
 )
 from stages.orchestra.sft import (  # noqa: F401
     verifier_filter, check_curriculum, write_jsonl_atomic, probe,
-)
-from stages.orchestra.rl_groups import (  # noqa: F401
-    controller_turn_groups, rollout_group, observed_progress, answer_scorer, anchor_states, rollout_metrics, rl_step, rl_controller, prepare_rl_controller, cache_metrics,
 )
 from stages.orchestra.rl import (  # noqa: F401
     RL_RUN_FILE, RL_RESULT_FILE, RL_PROGRESS_FILE, RL_ROLLOUTS_FILE, RL_CHECKPOINTS, RL_KEEP_CHECKPOINTS, rl_task_order, train_tasks, signal_pool, probe_success_rates, PROBE_SEED, rl_run_record, ADVANTAGE_KEYS_ADDED, rl_checkpoints, STEP_KEYS_NOT_LOGGED, RL_POOL_FILE, rl_pool, shutil_rmtree, copy_tree_atomic, _RLTracker, rl_tracking,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from evaluation.orchestra_serving import Episodes, ServedOrchestrator
+from evaluation.serving.orchestra import Episodes, ServedOrchestrator
 from evaluation.registry import Judged, register_and_promote
 from evaluation.tracking import use_tracking
 from routerops import schema

@@ -24,7 +24,9 @@ from routerops.pricing import check_pool_priced, load_pool, load_price_book
 from routerops.workers import check_pool_runnable
 from stages.manifest import write_manifest
 from stages.orchestra.config import CONTROLLER_NAME, OrchestraRun, lm_config
-from stages.orchestra.rl_groups import rl_step, rl_controller, prepare_rl_controller
+from models.orchestrator.rl_step import (  # noqa: F401  (the curriculum probe: re-exported by stages.orchestra)
+    PROBE_SEED, limit_pool, prepare_rl_controller, probe_success_rates, rl_controller, rl_step, signal_pool,
+)
 from stages.orchestra.workers import close_workers, rollout_run_id, workers_with_servers, worker_cache, run_inputs
 
 log = logging.getLogger(__name__)
@@ -75,38 +77,6 @@ def rl_task_order(layout: Layout, rl_tasks: Path) -> list:
 def train_tasks(layout: Layout) -> list:
     """Every train task of the tasks file: the signal probe's candidates."""
     return [t for t in read_tasks(layout.orchestra_tasks) if t.split == "train"]
-
-
-def signal_pool(rates: dict[str, float]) -> list[str]:
-    """Tasks solved sometimes but not always (004's residual hard pool with a learning signal)."""
-    return [task_id for task_id, rate in rates.items() if 0.0 < rate < 1.0]
-
-
-def limit_pool(pool: list[str], rates: dict[str, float], size: int) -> list[str]:
-    """At most `size` tasks of `pool` (0: all), those whose probed success is nearest ½ (ties: the pool's
-    order), kept in the pool's order (RLSettings.pool_size)."""
-    if size <= 0 or size >= len(pool):
-        return list(pool)
-    nearest = sorted(range(len(pool)), key=lambda i: (abs(rates[pool[i]] - 0.5), i))[:size]
-    return [pool[i] for i in sorted(nearest)]
-
-
-async def probe_success_rates(executor: Executor, controller, generation, tasks: list, samples: int,
-                              run_id: str) -> dict[str, float]:
-    """Each task's success rate over `samples` rollouts of the policy as it stands (the SFT adapter),
-    sampled at the RL temperature under a seed of the probe's own (not the run's sampling seed: the
-    probe describes the SFT policy, so runs of other seeds share it), all tasks in one lockstep batch."""
-    prepare_rl_controller(controller, dataclasses.replace(generation, seed=PROBE_SEED), 0)
-    controller.version = "rl-probe"
-    items = [(task, PROBE_SEED + i) for task in tasks for i in range(samples)]
-    results = await executor.run_batch(items, controller, f"{run_id}-probe")
-    successes: dict[str, list[bool]] = {t.task_id: [] for t in tasks}
-    for r in results:
-        successes[r.episode["task_id"]].append(bool(r.episode["success"]))
-    return {task_id: sum(s) / len(s) for task_id, s in successes.items()}
-
-
-PROBE_SEED = 900_000  # the probe's sampling seeds, apart from the steps' (n·G + i)
 
 
 def rl_run_record(run: OrchestraRun, lm: OrchestraConfig, cfg, tasks: list, adapter: Path) -> dict:
@@ -235,7 +205,7 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
             with workers_with_servers(pool, run.evaluation.server_ctx, run.evaluation.server_threads) as workers:
                 async def loop():
                     executor = Executor(pool, workers, book, executor_config, cache=cache)
-                    controller = rl_controller(trainer, generation, lm.model, layout.model_cache)
+                    controller = rl_controller(trainer, generation, lm.model, layout.model_cache, CONTROLLER_NAME)
                     try:
                         visit, probe_rates = task_list, {}
                         if settings.pool == "signal":

@@ -1,4 +1,4 @@
-"""The multi-turn MTRouter in the MLflow registry (tasks/registry.py, models/mtrouter/serving.py) on a
+"""The multi-turn MTRouter in the MLflow registry (evaluation/registry.py, evaluation/serving/mtrouter.py) on a
 real MLflow store (SQLite in tmp_path), with training and gate episodes from real rollouts.
 
 The rollouts run the engine (routerops.rollout) in the replay environment: each call answers from a
@@ -22,7 +22,7 @@ import pytest
 from models.mtrouter.config import MTRouterConfig
 from stages.mtrouter import held_out_outcomes, judged_episodes
 from models.mtrouter.router import MTRouter
-from evaluation.mtrouter_serving import ServedMTRouter
+from evaluation.serving.mtrouter import ServedMTRouter
 from routerops import schema
 from routerops.config import TrackConfig
 from routerops.envs.replay import ReplayEnvironment, replay_tasks, replay_workers

@@ -17,9 +17,9 @@ import pytest
 
 from evaluation.drift import routing_data, training_table
 from evaluation.ope import CHAMPION_GREEDY, LOGGING, evaluate, read_log, router_quality, traffic
-from evaluation.serving import ServedRouter, bundled_minilm_ref
+from evaluation.serving.single_turn import ServedRouter, bundled_minilm_ref
 from gateway.app import explanation
-from gateway.families import Estimate
+from gateway.routing import Estimate
 from gateway.routing import decide, prompt_token_bound
 from models.base import RoutingData
 from models.baselines import KNNRouter, LogisticRouter

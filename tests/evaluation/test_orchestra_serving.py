@@ -1,4 +1,4 @@
-"""The served orchestrator (evaluation/orchestra_serving.py): its first turn read by the strict parser,
+"""The served orchestrator (evaluation/serving/orchestra.py): its first turn read by the strict parser,
 and a save/load round trip with the real SmolLM2 and a real (untrained) LoRA adapter."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from evaluation.orchestra_serving import Episodes, ServedOrchestrator, first_turn_row  # noqa: E402
-from evaluation.servable import load_servable  # noqa: E402
+from evaluation.serving.orchestra import Episodes, ServedOrchestrator, first_turn_row  # noqa: E402
+from evaluation.serving import load_servable  # noqa: E402
 from routerops.errors import InputError  # noqa: E402
 from routerops.orchestra.executor import ExecutorConfig, opening, worker_labels  # noqa: E402
 from routerops.pricing import load_pool, load_price_book  # noqa: E402

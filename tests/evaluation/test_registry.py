@@ -23,7 +23,7 @@ import pytest
 
 from models.base import RoutingData
 from models.baselines import KNNRouter, LogisticRouter, QueryFeaturizer
-from evaluation.serving import ServedRouter, choose_within_budget, load_bundle
+from evaluation.serving.single_turn import ServedRouter, choose_within_budget, load_bundle
 from routerops.config import TrackConfig
 from evaluation.replay import to_routing_data
 from routerops.pricing import Price, PriceBook
@@ -44,7 +44,7 @@ def log_router(router, train, *, price_book_version, embedding="bundled-minilm",
                metrics=None, include_code=True, expected_cost_usd=None):
     """A fitted single-turn router registered through the one Servable path."""
     from evaluation.registry import register
-    from evaluation.serving import ServedRouter
+    from evaluation.serving.single_turn import ServedRouter
 
     served = ServedRouter.from_fitted(router, train, price_book_version, embedding=embedding, family=family,
                                       expected_cost_usd=expected_cost_usd)
@@ -199,7 +199,7 @@ def test_logged_model_signature_bundle_and_budget_rule(tracking, tmp_path):
     import mlflow
     from mlflow.models import Model
 
-    from evaluation.serving import registered_name
+    from evaluation.serving.single_turn import registered_name
 
     train = routing_data(160, seed=5)
     with warnings.catch_warnings(record=True) as caught:
@@ -236,7 +236,7 @@ def test_budget_rule_cost_never_rises_as_budget_falls():
 
 def test_encoder_is_pickled_as_a_reference(tmp_path):
     from models.embeddings import SentenceEncoder
-    from evaluation.serving import ServingBundle, bundled_minilm_ref, save_bundle
+    from evaluation.serving.single_turn import ServingBundle, bundled_minilm_ref, save_bundle
 
     encoder = SentenceEncoder(use_cache=False)
     encoder._model = object()  # stands in for loaded weights: must never reach the pickle
@@ -288,7 +288,7 @@ def test_every_servable_baseline_round_trips_through_a_bundle(family, tmp_path):
     served router predicts exactly what the fitted one did."""
     from models.registry import make_router
     from models.baselines.synthetic import make_synthetic_table
-    from evaluation.serving import ServingBundle, expected_costs_from_data, save_bundle
+    from evaluation.serving.single_turn import ServingBundle, expected_costs_from_data, save_bundle
 
     data = make_synthetic_table(n_queries=80, seed=1)
     router = make_router(family, seed=0)
@@ -302,7 +302,7 @@ def test_every_servable_baseline_round_trips_through_a_bundle(family, tmp_path):
 
 def test_unservable_routers_are_refused():
     from models.registry import make_router
-    from evaluation.serving import ServingBundle
+    from evaluation.serving.single_turn import ServingBundle
 
     with pytest.raises(ValueError, match="oracle"):
         ServingBundle(make_router("oracle"), ["a"], {"a": 0.0}, "v", None, "oracle")

@@ -1,4 +1,4 @@
-"""Issue 9's serving edges, for both servables (evaluation/serving.py, evaluation/mtrouter_serving.py),
+"""Issue 9's serving edges, for both servables (evaluation/serving/single_turn.py, evaluation/serving/mtrouter.py),
 in process and through MLflow's pyfunc: a misspelt column never silently removes a limit, a bad
 budget or a missing query is an InputError naming the row, and a huge text is read only up to
 MAX_TEXT_CHARS (a 10 MB query took 24 s)."""
@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation.mtrouter_serving import ServedMTRouter
+from evaluation.serving.mtrouter import ServedMTRouter
 from evaluation.servable import MAX_TEXT_CHARS
-from evaluation.serving import ServedRouter
+from evaluation.serving.single_turn import ServedRouter
 from models.mtrouter.router import MTRouter
 from routerops.errors import InputError
 

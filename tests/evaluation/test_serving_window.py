@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from evaluation.serving import META_FILE, EmbeddingRef, ServedRouter, bundled_minilm_ref, load_bundle, save_bundle
+from evaluation.serving.single_turn import (META_FILE, EmbeddingRef, ServedRouter, bundled_minilm_ref, load_bundle,
+                                            save_bundle)
 from models.embeddings import DEFAULT_MAX_SEQ
 
 HERE = Path(__file__).parent

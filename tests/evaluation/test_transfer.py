@@ -37,7 +37,7 @@ def test_a_registered_router_is_scored_on_another_table_through_its_replay_endpo
     import mlflow
 
     from evaluation.registry import CHAMPION_ALIAS, register
-    from evaluation.serving import ServedRouter
+    from evaluation.serving.single_turn import ServedRouter
     from evaluation.tracking import use_tracking
     from models.baselines import LogisticRouter, QueryFeaturizer
     from cli.main import main

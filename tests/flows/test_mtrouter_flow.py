@@ -81,7 +81,7 @@ def test_mtrouter_flow_end_to_end(workdir, prefect_api):
 
     # The registered champion routes a ScienceWorld turn the way the router the flow evaluated does.
     from models.mtrouter.router import MTRouter
-    from evaluation.mtrouter_serving import ServedMTRouter
+    from evaluation.serving.mtrouter import ServedMTRouter
 
     from routerops.envs.suites import read_tasks
 

@@ -86,7 +86,7 @@ class HostileUpstream:
 
 def fitted_router():
     """tests/gateway/test_hardening.py's router: logistic regression on lexical features, two workers."""
-    from evaluation.serving import ServedRouter
+    from evaluation.serving.single_turn import ServedRouter
     from models.base import RoutingData
     from models.baselines import LogisticRouter, QueryFeaturizer
     from routerops.pricing import load_price_book

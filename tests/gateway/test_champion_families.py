@@ -28,11 +28,11 @@ import openai  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from evaluation.mtrouter_serving import ServedMTRouter  # noqa: E402
+from evaluation.serving.mtrouter import ServedMTRouter  # noqa: E402
 from evaluation.registry import CHAMPION_ALIAS, register  # noqa: E402
 from gateway.app import Gateway, GatewayConfig  # noqa: E402
 from gateway.champion import serving_problem  # noqa: E402
-from gateway.families import chat_episode  # noqa: E402
+from gateway.families.mtrouter import chat_episode  # noqa: E402
 from gateway.store import period_start, read_decisions  # noqa: E402
 from models.mtrouter.config import MTRouterConfig  # noqa: E402
 from models.mtrouter.history import Interaction  # noqa: E402
@@ -230,7 +230,7 @@ def orchestrator(mlflow_registry, tmp_path_factory):
     enough for its greedy turns on TASK to follow the grammar and route a real worker."""
     import torch
 
-    from evaluation.orchestra_serving import Episodes, ServedOrchestrator
+    from evaluation.serving.orchestra import Episodes, ServedOrchestrator
     from models.orchestrator.config import GenerationSettings, ModelSpec, OrchestraConfig, SFTSettings
     from models.orchestrator.sft import train_sft
 
@@ -329,7 +329,7 @@ def pool_with_an_outsider(tmp: Path) -> tuple[Path, Path]:
 
 def test_an_orchestrator_champion_hot_swaps_and_a_misfit_is_refused_and_logged(orchestra_gateway, orchestrator,
                                                                                  caplog, tmp_path):
-    from evaluation.orchestra_serving import ServedOrchestrator
+    from evaluation.serving.orchestra import ServedOrchestrator
 
     gw, url = orchestra_gateway
     served, first = orchestrator

@@ -38,7 +38,7 @@ def critique_champion(mlflow_registry, tmp_path_factory):
     import mlflow
     import torch
 
-    from evaluation.critique_serving import ServedCritique
+    from evaluation.serving.critique import ServedCritique
     from models.critique.lm_config import PromptSettings
     from models.critique.lm_prompts import tail_tokens, verification_target, verify_messages
     from models.orchestrator.config import GenerationSettings, ModelSpec, OrchestraConfig, SFTSettings
@@ -76,7 +76,7 @@ def test_a_fitted_threshold_decides_the_verdict_and_travels_with_the_artifact(cr
     """The same weights at τ = 1 never reject (p(False) > 1 is impossible: the turn ends after True,
     though this controller was trained only to reject) and at τ just above 0 always do; each verdict
     reports its p(False); save → load keeps τ."""
-    from evaluation.critique_serving import ServedCritique
+    from evaluation.serving.critique import ServedCritique
 
     served, _ = critique_champion
     draft = pd.DataFrame({"task": [TASK, TASK], "draft": ["The answer is 91.", "12 * 7 = 84, 84 + 5 = 89"],

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from evaluation.registry import CHAMPION_ALIAS, register
-from evaluation.serving import ServedRouter
+from evaluation.serving.single_turn import ServedRouter
 from gateway.app import Gateway, GatewayConfig
 from gateway.routing import prompt_token_bound
 from gateway.store import period_start, read_decisions

@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 
-from evaluation.serving import ServedRouter
+from evaluation.serving.single_turn import ServedRouter
 from gateway.app import Gateway, GatewayConfig, create_app
 from gateway.champion import Champion, Champions
 from gateway.store import period_start, read_decisions

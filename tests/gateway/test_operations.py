@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from evaluation.registry import CHAMPION_ALIAS, register
-from evaluation.serving import ServedRouter
+from evaluation.serving.single_turn import ServedRouter
 from gateway.app import Gateway, GatewayConfig
 from gateway.settings import Observability
 from gateway.telemetry import ObservedGateway, Telemetry

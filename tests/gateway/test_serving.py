@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import uvicorn
 
-from evaluation.serving import ServedRouter
+from evaluation.serving.single_turn import ServedRouter
 from gateway.app import Gateway, GatewayConfig, create_app
 from gateway.champion import Champion, Champions
 from gateway.serving import StampedHttpToolsProtocol

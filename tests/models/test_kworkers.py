@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from evaluation.replay import knob_grid, operating_points, run_replay_benchmark
-from evaluation.serving import ServedRouter
+from evaluation.serving.single_turn import ServedRouter
 from models.base import RoutingData
 from models.baselines.synthetic import make_synthetic_table
 from models.kworkers import CalibratedRouter, CostLabelRouter, KStepCascade, cheapest_correct_labels, validation_split

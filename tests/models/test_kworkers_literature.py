@@ -10,7 +10,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from evaluation.replay import run_replay_benchmark
-from evaluation.serving import ServedRouter
+from evaluation.serving.single_turn import ServedRouter
 from models.base import RoutingData
 from models.registry import make_router
 from models.kworkers import EmbedLLMRouter, GraphRouter, RouterDCRouter

@@ -10,7 +10,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from evaluation.replay import run_replay_benchmark
-from evaluation.serving import ServedRouter
+from evaluation.serving.single_turn import ServedRouter
 from models import registry
 from models.base import RoutingData
 from models.kworkers.lm_vectors import LMKNNRouter, LMQueryEncoder, lm_query_vectors, standardised, train_statistics

@@ -197,7 +197,7 @@ def test_the_rollout_group_takes_v_from_the_verifier_and_c_per_turn_from_its_row
     from types import SimpleNamespace
 
     from models.orchestrator.advantages import CostNormaliser
-    from stages.orchestra import rollout_group, rollout_metrics
+    from models.orchestrator.rl_step import rollout_group, rollout_metrics
 
     def result(score, rows):
         cost = sum(r["cost_usd"] for r in rows)
@@ -227,7 +227,7 @@ def test_a_tree_group_carries_each_turn_s_node_and_tree_grpo_credits_the_shared_
     from types import SimpleNamespace
 
     from models.orchestrator.advantages import AdvantageConfig, CostNormaliser, turn_advantages
-    from stages.orchestra import rollout_group
+    from models.orchestrator.rl_step import rollout_group
 
     def leaf(score, nodes):
         rows = [{"actor": "controller", "primitive": "plan", "cost_usd": 0.0, "worker": "orchestrator"},
@@ -260,7 +260,7 @@ def test_the_rollout_group_fills_every_turn_field_so_mt_grpo_gigpo_and_eq5_eq6_r
     from routerops.envs.qa import score_answer
     from routerops.orchestra.render import render_observations
     from routerops.types import Task
-    from stages.orchestra import answer_scorer, rollout_group
+    from models.orchestrator.rl_step import answer_scorer, rollout_group
 
     task = Task("t/1", "unit/qa", "train", "What is 6*7 + 1?", "43")
     system, question = {"role": "system", "content": "pool table"}, {"role": "user", "content": task.prompt}

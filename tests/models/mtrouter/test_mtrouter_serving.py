@@ -1,5 +1,5 @@
 """Saving and reloading a fitted MTRouter (no pickle; identical scores), and the served decision rule
-with its input checks (models/mtrouter/serving.py)."""
+with its input checks (evaluation/serving/mtrouter.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from models.mtrouter.history import Interaction
 from models.mtrouter.router import MTRouter
-from evaluation.mtrouter_serving import STOP_CHOICE, ServedMTRouter
+from evaluation.serving.mtrouter import STOP_CHOICE, ServedMTRouter
 from routerops.errors import InputError
 
 WORKERS = ["cheap", "mid", "dear"]

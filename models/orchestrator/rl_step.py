@@ -1,5 +1,11 @@
 """One RL step of the orchestrator (004 App. B): G rollouts of a task → the RolloutGroup every
-estimator reads (V, C, per-turn U_t / V_t, anchors) → one update of the LoRA policy."""
+estimator reads (V, C, per-turn U_t / V_t, anchors) → one update of the LoRA policy; and which train
+tasks the steps draw (the probe of the SFT policy's success rates and its "residual hard pool" with a
+learning signal, 004 §4.2).
+
+Beside the trainer it drives (rl.py: `RLTrainer`, `RolloutBatch`) and the estimators it feeds
+(advantages.py), as TRL keeps a trainer's step with the trainer; the orchestra-rl stage
+(stages/orchestra/rl.py) only reads its inputs, loops over steps and writes its outputs."""
 
 from __future__ import annotations
 
@@ -14,7 +20,6 @@ from models.orchestrator.engines import controller_for
 from routerops.envs.qa import extract_answer
 from routerops.orchestra.executor import WORKER_ACTOR, Executor, TreeShape
 from routerops.workers.cache import WorkerCache
-from stages.orchestra.config import CONTROLLER_NAME
 
 log = logging.getLogger(__name__)
 
@@ -194,10 +199,46 @@ async def rl_step(trainer, executor: Executor, cfg, controller, generation, task
             "update_seconds": stats["seconds"], "step_seconds": time.perf_counter() - started}
 
 
-def rl_controller(trainer, generation, spec, model_cache):
+# ---------------------------------------------------------------- which train tasks RL steps on
+
+
+def signal_pool(rates: dict[str, float]) -> list[str]:
+    """Tasks solved sometimes but not always (004's residual hard pool with a learning signal)."""
+    return [task_id for task_id, rate in rates.items() if 0.0 < rate < 1.0]
+
+
+def limit_pool(pool: list[str], rates: dict[str, float], size: int) -> list[str]:
+    """At most `size` tasks of `pool` (0: all), those whose probed success is nearest ½ (ties: the pool's
+    order), kept in the pool's order (RLSettings.pool_size)."""
+    if size <= 0 or size >= len(pool):
+        return list(pool)
+    nearest = sorted(range(len(pool)), key=lambda i: (abs(rates[pool[i]] - 0.5), i))[:size]
+    return [pool[i] for i in sorted(nearest)]
+
+
+async def probe_success_rates(executor: Executor, controller, generation, tasks: list, samples: int,
+                              run_id: str) -> dict[str, float]:
+    """Each task's success rate over `samples` rollouts of the policy as it stands (the SFT adapter),
+    sampled at the RL temperature under a seed of the probe's own (not the run's sampling seed: the
+    probe describes the SFT policy, so runs of other seeds share it), all tasks in one lockstep batch."""
+    prepare_rl_controller(controller, dataclasses.replace(generation, seed=PROBE_SEED), 0)
+    controller.version = "rl-probe"
+    items = [(task, PROBE_SEED + i) for task in tasks for i in range(samples)]
+    results = await executor.run_batch(items, controller, f"{run_id}-probe")
+    successes: dict[str, list[bool]] = {t.task_id: [] for t in tasks}
+    for r in results:
+        successes[r.episode["task_id"]].append(bool(r.episode["success"]))
+    return {task_id: sum(s) / len(s) for task_id, s in successes.items()}
+
+
+PROBE_SEED = 900_000  # the probe's sampling seeds, apart from the steps' (n·G + i)
+
+
+def rl_controller(trainer, generation, spec, model_cache, name: str):
     """The RL stage's sampler of the trainer's policy (orchestra.controller.engine: FastSampler, a merged,
-    KV-cached copy, or LlamaCppSampler, the adapter on llama.cpp; either re-synced before every step)."""
-    return controller_for(trainer.model, trainer.tokenizer, generation, name=CONTROLLER_NAME, version="rl",
+    KV-cached copy, or LlamaCppSampler, the adapter on llama.cpp; either re-synced before every step).
+    `name`: the controller's price-book entry (its turns are billed under it)."""
+    return controller_for(trainer.model, trainer.tokenizer, generation, name=name, version="rl",
                           gguf=base_gguf(spec), work_dir=model_cache, weights=trainer.settings.rollout_weights)
 
 

@@ -1,7 +1,8 @@
 """Serving a fitted router: raw query text and a budget in, the chosen worker and every worker's score out.
 
-`ServedRouter` is the single-turn `Servable` (evaluation/servable.py): evaluation/registry.py logs
-the bundle directory it saves, and evaluation/servable.py loads it back. A bundle holds
+`ServedRouter` is the single-turn `Servable` (evaluation/servable.py; family `single-turn` of
+evaluation/serving): evaluation/registry.py logs
+the bundle directory it saves, and evaluation/serving loads it back. A bundle holds
 
   router.pkl    the fitted router (cloudpickle, so routers holding closures pickle too); a sentence
                 encoder it holds is pickled as a *reference* and re-attached at load time, so no
@@ -41,7 +42,8 @@ import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, Schema
 
-from evaluation.replay import operating_points
+from evaluation.curves import operating_points
+from evaluation.serving import SINGLE_TURN
 from evaluation.servable import (BUDGET_COLUMN, MODEL_INPUT, SCORE_PREFIX, WORKER_COLUMN, cap_text, read_limits,
                                  read_texts, reject_unknown_columns, warn_if_capped, write_servable_meta)
 from models.base import Router, RoutingData
@@ -166,6 +168,8 @@ def query_id(text: str) -> str:
 
 class ServedRouter:
     """What `mlflow.pyfunc.load_model` returns the predictions of: DataFrame in, DataFrame out."""
+
+    served_as = SINGLE_TURN
 
     def __init__(self, bundle: ServingBundle, encoder: SentenceEncoder | None = None):
         self.bundle = bundle

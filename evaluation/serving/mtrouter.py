@@ -30,7 +30,8 @@ from mlflow.types.schema import ColSpec, Schema
 from evaluation.servable import (BUDGET_COLUMN, MODEL_INPUT, SCORE_PREFIX, WORKER_COLUMN, cap_text, read_limits,
                                  read_texts, reject_unknown_columns, servable_json, warn_if_capped,
                                  write_servable_meta)
-from evaluation.serving import registered_name
+from evaluation.serving import MTROUTER
+from evaluation.serving.single_turn import registered_name
 from models.mtrouter.history import Interaction
 from models.mtrouter.router import MTRouter
 from routerops.errors import InputError
@@ -85,6 +86,7 @@ def parse_candidates(value: Any, pool: Sequence[str], row: int = 0) -> list[str]
 class ServedMTRouter:
     """What `mlflow.pyfunc.load_model` returns the predictions of: one routing decision per row."""
 
+    served_as = MTROUTER
     family = "mtrouter"
 
     def __init__(self, router: MTRouter, suite: str = "scienceworld"):

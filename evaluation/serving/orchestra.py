@@ -26,6 +26,7 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, Schema
 
 from evaluation.servable import MODEL_INPUT, read_texts, reject_unknown_columns, servable_json, write_servable_meta
+from evaluation.serving import ORCHESTRATOR
 from models.orchestrator.config import GenerationSettings, ModelSpec
 from models.orchestrator.lm import LMController
 from models.orchestrator.engines import load_controller_engine
@@ -53,6 +54,7 @@ class Episodes:
 
 
 class ServedOrchestrator:
+    served_as = ORCHESTRATOR
     family = "orchestrator"
 
     def __init__(self, controller: LMController, spec: ModelSpec, adapter: Path, pool: Pool, book: PriceBook,

@@ -3,7 +3,7 @@
 `ServedCritique` is the `Servable` (evaluation/servable.py) of the controller: the base model spec, its
 LoRA adapter (from the RL stage), the decoding settings, the prompt settings it was trained with, and
 its agents weaker → stronger as the gateway's pool names them (workers) and as its prompts show them
-(agents). The gateway (gateway/critiqued.py) calls the weakest agent, lets the controller check the
+(agents). The gateway (gateway/families/critique.py) calls the weakest agent, lets the controller check the
 draft (Template II), and escalates upward while it says False.
 
 With a `verdict_threshold` τ (fitted on validation queries at registration, models/critique/
@@ -32,6 +32,7 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, Schema
 
 from evaluation.servable import MODEL_INPUT, read_texts, reject_unknown_columns, servable_json, write_servable_meta
+from evaluation.serving import CRITIQUE
 from models.critique.lm_config import PromptSettings
 from models.critique.lm_prompts import ACCEPT, REJECT, parse_routing, parse_verification, routing_messages, \
     tail_tokens, verify_messages
@@ -50,6 +51,7 @@ CONTROLLER_PACKAGES = ("transformers", "peft", "accelerate", "gguf", "llm-smollm
 
 
 class ServedCritique:
+    served_as = CRITIQUE
     family = FAMILY
 
     def __init__(self, controller: Any, spec: ModelSpec, adapter: Path, workers: list[str], agents: list[str],

@@ -1,11 +1,11 @@
-"""Critique-and-route champions (paper 002, `critique` family): one chat request, a short episode.
+"""The critique family's adapter (paper 002, `ServedCritique`): one chat request, a short episode.
 
 The weakest agent answers the chat first (Template II needs a draft; a served controller starts at
 the cheapest agent rather than Template I's route, so the strongest agent is only ever reached by a
 False verdict). The controller then checks the draft (Template II, greedy) and, while it says False,
 the draft goes to the stronger agent it names; a True verdict, a malformed turn (the draft stands) or
 the strongest agent's draft ends it. A controller registered with a fitted verdict threshold τ says
-False iff p(False) > τ (evaluation/critique_serving.py). The answer is the last draft; `usage` sums
+False iff p(False) > τ (evaluation/serving/critique.py). The answer is the last draft; `usage` sums
 the agents' calls (the controller runs in the gateway's process and bills nothing), and the
 explanation lists each verdict (with its p(False) and τ when thresholded) and each call with its
 worker, tokens and cost.
@@ -23,11 +23,12 @@ import time
 import uuid
 from typing import Any
 
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
+from evaluation.serving import CRITIQUE, served_family
 from gateway.errors import RequestError
-from gateway.champion import Champion
-from gateway.orchestrated import GatewayServices, chat_task, failed_record
+from gateway.families.base import (GatewayFamily, GatewayServices, ServedChampion, chat_task, failed_record,
+                                   one_chunk_stream)
 from gateway.store import BudgetRefused, KeyInfo
 from gateway.upstream import usage_in
 from routerops.rollout import prompt_token_bound
@@ -41,7 +42,7 @@ def worst_case_usd(gw: GatewayServices, workers: list[str], messages: list[dict[
     return sum(max(gw.book.cost(w, prompt, max_tokens, c) for c in (0, prompt)) for w in workers)
 
 
-async def answer_critiqued(gw: GatewayServices, key: KeyInfo, body: dict[str, Any], champion: Champion,
+async def answer_critiqued(gw: GatewayServices, key: KeyInfo, body: dict[str, Any], champion: ServedChampion,
                            messages: list[dict[str, Any]], request_budget: float):
     served = champion.router
     task = chat_task(messages)
@@ -120,9 +121,8 @@ async def answer_critiqued(gw: GatewayServices, key: KeyInfo, body: dict[str, An
                                  "total_tokens": prompt_tokens + completion_tokens},
                        "routerops": extra}
     if body.get("stream"):
-        from fastapi.responses import StreamingResponse
-
-        from gateway.orchestrated import one_chunk_stream
-
         return StreamingResponse(one_chunk_stream(completion_body), media_type="text/event-stream", headers=headers)
     return JSONResponse(completion_body, headers=headers)
+
+
+FAMILY = GatewayFamily(served_family(CRITIQUE), answer=answer_critiqued)

@@ -1,4 +1,5 @@
-"""Orchestrator champions (paper 004): one chat request is one controller episode.
+"""The orchestrator family's adapter (paper 004, `ServedOrchestrator`): one chat request is one
+controller episode.
 
 The chat becomes the task (`chat_task`); the executor (routerops/orchestra/executor.py) plays the
 served controller's turns through the gateway's own workers: plans, routes, parallel blind subtask
@@ -28,50 +29,24 @@ import logging
 import math
 import time
 import uuid
-from typing import Any, Protocol
+from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from gateway.champion import Champion
+from evaluation.serving import ORCHESTRATOR, served_family
 from gateway.errors import RequestError
-from gateway.families import content_text
-from gateway.store import BudgetRefused, KeyInfo, Store
+from gateway.families.base import (GatewayFamily, GatewayServices, ServedChampion, chat_task, failed_record,
+                                   one_chunk_stream)
+from gateway.store import BudgetRefused, KeyInfo
 from routerops import schema
 from routerops.orchestra.executor import EpisodeResult, Executor, ExecutorConfig, opening, worker_labels
 from routerops.pricing import Pool, PriceBook
+from routerops.workers.sandbox import sandbox_problem
 from routerops.rollout import prompt_token_bound
 from routerops.types import Task
 
 log = logging.getLogger(__name__)
 SUITE, SPLIT = "gateway", "serve"  # the episode's task is a live request: no suite, no reference answer
-
-
-class GatewayServices(Protocol):
-    """What the orchestrated and critiqued answers use of gateway/proxy.py's Gateway, named here so that
-    neither module imports the app, which imports them."""
-
-    cfg: Any  # gateway.app.GatewayConfig
-    pool: Pool
-    book: PriceBook
-    store: Store
-
-    def orchestra_runner(self, champion: Champion) -> "OrchestraRunner": ...
-
-    async def post_chat(self, worker: str, request: dict[str, Any]) -> dict[str, Any]: ...
-
-
-def chat_task(messages: list[dict[str, Any]]) -> str:
-    """The task the controller plans for. One user message: its text, as in training (004: the task is
-    the first user message after the system prompt). A longer chat: its user and assistant turns as a
-    transcript, so the last request is read in its context. The client's system messages are left
-    out: the controller's system prompt is the grammar and the pool (004 App. F.1), and a second one
-    would contradict it."""
-    turns = [(m.get("role"), content_text(m.get("content"))) for m in messages if m.get("role") in ("user", "assistant")]
-    if not any(role == "user" and text.strip() for role, text in turns):
-        raise RequestError(400, "an orchestrator champion needs a user message: the task it plans for")
-    if len(turns) == 1:
-        return turns[0][1]
-    return "\n\n".join(f"{'User' if role == 'user' else 'Assistant'}: {text}" for role, text in turns)
 
 
 def no_reference(task: Task, answer: str | None) -> float:
@@ -108,10 +83,33 @@ class OrchestraRunner:
         return await executor.run_episode(item, self.controller, run_id=episode_key, seed=0)
 
 
+def orchestrator_problem(served, pool: Pool, book: PriceBook) -> str | None:
+    """The executor runs the controller's routes through this pool: every (worker, primitive) pair the
+    controller was trained to route (its system prompt lists them, 004 App. A.6) must be offered,
+    by a worker of the same kind, priced; and its own turns must be priced (the budget counts them)."""
+    offered = set(pool.admissible_pairs())
+    for worker, primitive in served.pool.admissible_pairs():
+        if (worker, primitive) not in offered:
+            return (f"it routes ({worker!r}, {primitive!r}), which pool {pool.name!r} does not offer; it was "
+                    f"trained on pool {served.pool.name!r}")
+        if pool.worker(worker).kind != served.pool.worker(worker).kind:
+            return f"its worker {worker!r} is a {served.pool.worker(worker).kind} worker, in pool {pool.name!r} a " \
+                   f"{pool.worker(worker).kind} one"
+        if worker not in book.prices:
+            return f"it routes to worker {worker!r}, which price book {book.version} does not price"
+    if served.controller.name not in book.prices:
+        return f"price book {book.version} has no price for its controller {served.controller.name!r}"
+    coders = sorted({w for w, _ in served.pool.admissible_pairs() if pool.worker(w).kind == "python"})
+    problem = sandbox_problem() if coders else None
+    if problem:
+        return f"its worker(s) {coders} run model-written code, and the sandbox cannot start here: {problem}"
+    return None
+
+
 # ---------------------------------------------------------------- one request
 
 
-async def answer_orchestrated(gw: GatewayServices, key: KeyInfo, body: dict[str, Any], champion: Champion,
+async def answer_orchestrated(gw: GatewayServices, key: KeyInfo, body: dict[str, Any], champion: ServedChampion,
                               messages: list[dict[str, Any]], request_budget: float):
     """Reserve the episode's worst case, run it, settle the real cost, log it, answer (module docstring)."""
     task = chat_task(messages)
@@ -165,7 +163,7 @@ async def answer_orchestrated(gw: GatewayServices, key: KeyInfo, body: dict[str,
     return JSONResponse(completion, headers=headers)
 
 
-def episode_explanation(champion: Champion, result: EpisodeResult, budget: float, remaining: float,
+def episode_explanation(champion: ServedChampion, result: EpisodeResult, budget: float, remaining: float,
                         cost: float) -> dict[str, Any]:
     """Each call of the episode (controller turns and worker calls) with its worker, tokens and cost,
     and every worker's share of the cost."""
@@ -184,15 +182,6 @@ def episode_explanation(champion: Champion, result: EpisodeResult, budget: float
             "cost_share": {w: c / cost for w, c in share.items() if cost > 0 and c > 0}}
 
 
-def failed_record(exc: BaseException, budget: float, remaining: float, started: float) -> dict[str, Any]:
-    """The decision-log row of an episode that did not finish: charged its whole reservation."""
-    return {"created_at": _utc_now(), "worker": "", "status": "error",
-            "explanation": {"family": "orchestrator", "budget_usd": budget, "key_remaining_usd": remaining,
-                            "error": f"{type(exc).__name__}: {str(exc)[:300]}", "calls": []},
-            "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": budget, "usage_source": "estimated",
-            "response": "", "latency_s": time.monotonic() - started}
-
-
 def completion_body(body: dict[str, Any], decision_id: str, episode: dict[str, Any],
                     extra: dict[str, Any]) -> dict[str, Any]:
     """The OpenAI chat.completion: the final answer; `length` when T_max or the budget ended it first."""
@@ -206,16 +195,8 @@ def completion_body(body: dict[str, Any], decision_id: str, episode: dict[str, A
             "routerops": extra}
 
 
-async def one_chunk_stream(completion: dict[str, Any]):
-    """The answer as one content chunk, then the chunk with usage and routerops (module docstring)."""
-    head = {k: completion[k] for k in ("id", "created", "model")}
-    choice = completion["choices"][0]
-    yield "data: " + json.dumps({**head, "object": "chat.completion.chunk", "choices": [
-        {"index": 0, "delta": choice["message"], "finish_reason": choice["finish_reason"]}]}) + "\n\n"
-    yield "data: " + json.dumps({**head, "object": "chat.completion.chunk", "choices": [],
-                                 "usage": completion["usage"], "routerops": completion["routerops"]}) + "\n\n"
-    yield "data: [DONE]\n\n"
-
-
 def _utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+FAMILY = GatewayFamily(served_family(ORCHESTRATOR), problem=orchestrator_problem, answer=answer_orchestrated)
