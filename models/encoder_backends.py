@@ -30,7 +30,7 @@ BACKEND_RECIPE = 2
 
 @dataclass(frozen=True)
 class BackendSpec:
-    """What a backend guarantees, measured rather than assumed (benchmarks/encoder_fidelity.py).
+    """What a backend guarantees, measured rather than assumed (experiments/encoder_fidelity.py).
 
     min_cosine: the lowest cosine to the fp32 torch vector of the same text that the backend promises
     on any x86-64 CPU with AVX2, VNNI or not; tests and the fidelity benchmark check it. batchable: a
@@ -221,7 +221,7 @@ def _quantize_int8(fp32: Path, out: Path, reduce_range: bool = True) -> None:
     # ONNX Runtime warns on the root logger, on every export, that the graph was not pre-processed
     # (shape inference and graph optimisation before *static* quantisation's calibration). This graph is
     # quantised dynamically and its fidelity is checked against fp32 instead (BACKENDS[...].min_cosine,
-    # benchmarks/encoder_fidelity.py); pre-processing would change the vectors the caches hold.
+    # experiments/encoder_fidelity.py); pre-processing would change the vectors the caches hold.
     hint = _DropMessage("Please consider to run pre-processing before quantization")
     logging.getLogger().addFilter(hint)
     try:

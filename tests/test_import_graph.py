@@ -31,7 +31,13 @@ MAY_IMPORT = {
     "routerops": set(),
 }
 STRING_REFERENCE = re.compile(r"""["']((?:%s)(?:\.\w+)*:\w+)["']""" % "|".join(PACKAGES))
-KNOWN_STRING_REFERENCES = {"gateway.cli:app_from_env"}  # uvicorn.run(..., workers=N) takes only an import string
+KNOWN_STRING_REFERENCES = {
+    "gateway.cli:app_from_env",  # uvicorn.run(..., workers=N) takes only an import string
+    # names an old servable.json holds (evaluation/serving/__init__.py: FAMILY_OF_OLD_CLASS): data read
+    # to find a registered champion's family, never imported
+    "evaluation.serving:ServedRouter", "evaluation.mtrouter_serving:ServedMTRouter",
+    "evaluation.orchestra_serving:ServedOrchestrator", "evaluation.critique_serving:ServedCritique",
+}
 
 
 def module_name(path: Path) -> str:

@@ -144,7 +144,7 @@ class RLSettings:
     # secretly brings you off-policy RL training"; TRL's vllm_importance_sampling_correction in its
     # token_truncate mode). The ratio of eq. 7 compares the trainer's own π_θ and π_old, but the tokens
     # were drawn by the rollout engine, whose arithmetic differs (llama.cpp with float16 weights: ~1.5e-3
-    # nats a token on average, benchmarks/llama_engine_precision.py). Each token's surrogate term is
+    # nats a token on average, experiments/llama_engine_precision.py). Each token's surrogate term is
     # weighted by min(π_old(x) / π_sampler(x), tis_cap), with the sampler's own log-prob where the turn
     # gives one for the trained token; 0 turns the weight off. Ours (004 samples with the policy it trains).
     tis_cap: float = 2.0

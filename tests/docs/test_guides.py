@@ -70,6 +70,6 @@ def test_every_guide_is_in_the_nav():
 
 def test_a_path_that_is_not_there_is_caught():
     names = tracked_names()
-    text = ("Edit `models/registry.py`, then `models/no_such_module.py`; see `evaluation/*_serving.py`, "
+    text = ("Edit `models/registry.py`, then `models/no_such_module.py`; see `evaluation/serving/*.py`, "
             "`tests/stages/test_<module>.py` and `nowhere/<name>.py`.\n")
     assert sorted(p for p in named_paths(text) if missing(p, names)) == ["models/no_such_module.py", "nowhere/<name>.py"]
