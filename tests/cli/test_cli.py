@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -13,6 +12,7 @@ import yaml
 
 from routerops import schema
 from routerops.pricing import load_price_book
+from tests.cli.conftest import run_cli_in_process
 
 REPO = Path(__file__).resolve().parents[2]
 POOL = REPO / "configs/pools/embedded-smollm2.yaml"
@@ -20,8 +20,7 @@ BOOK = REPO / "configs/prices/current.yaml"
 
 
 def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return run_cli_in_process(list(args), cwd)  # exit code, stdout, stderr; no new interpreter's imports
 
 
 def trajectories(book_path: Path = BOOK) -> tuple[pd.DataFrame, pd.DataFrame]:

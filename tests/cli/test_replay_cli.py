@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.cli.conftest import run_cli_in_process
+
 REPO = Path(__file__).resolve().parents[2]
 PRICES = """version: edge-test
 effective_date: 2024-06-01
@@ -36,12 +38,27 @@ def outcome_table(n: int = 60, accuracy: dict[str, float] | None = None, seed: i
     return pd.DataFrame(rows)
 
 
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """One encoder cache for the module's runs: the ONNX export and the vectors of the questions the
+    first run embeds (every table here asks the same ones). The run logged to MLflow is a process of its
+    own, which with a new cache paid the export and the embedding again (~20 s of CPU) for nothing it checks."""
+    return tmp_path_factory.mktemp("replay-cli-cache")
+
+
 @pytest.fixture
-def files(tmp_path, monkeypatch):
-    monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
+def files(tmp_path, monkeypatch, shared_cache):
+    monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(shared_cache))
     prices = tmp_path / "prices.yaml"
     prices.write_text(PRICES)
     return tmp_path, prices
+
+
+@pytest.fixture
+def cold_files(files, tmp_path, monkeypatch):
+    """`files` with an empty cache dir of this test's own (tmp/cache), for the tests that no embedding ran."""
+    monkeypatch.setenv("ROUTEROPS_CACHE_DIR", str(tmp_path / "cache"))
+    return files
 
 
 def write(table: pd.DataFrame, path: Path) -> Path:
@@ -50,9 +67,12 @@ def write(table: pd.DataFrame, path: Path) -> Path:
 
 
 def replay(table: Path, prices: Path, out: Path, *extra: str, mlflow: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", "replay", "--table", str(table), "--prices", str(prices), "--out", str(out),
-                           "--routers", "random", "oracle", "--seeds", "0", *extra, *([] if mlflow else ["--no-mlflow"])],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    argv = ["replay", "--table", str(table), "--prices", str(prices), "--out", str(out), "--routers", "random", "oracle",
+            "--seeds", "0", *extra, *([] if mlflow else ["--no-mlflow"])]
+    if mlflow:  # MLflow keeps process-wide state (its store per URI): the logged run gets a process of its own
+        return subprocess.run([sys.executable, "-m", "cli", *argv], cwd=REPO, capture_output=True, text=True,
+                              timeout=300)
+    return run_cli_in_process(argv)  # the CLI's exit code and output without a new interpreter's imports
 
 
 def digest(path: Path) -> str:
@@ -137,9 +157,9 @@ def test_out_that_is_a_directory_is_refused_before_any_work(files):
 
 
 @pytest.mark.slow
-def test_an_unwritable_out_is_refused_before_any_work(files):
+def test_an_unwritable_out_is_refused_before_any_work(cold_files):
     """`replay` ran the whole benchmark, then died with a traceback writing under a regular file or /proc."""
-    tmp, prices = files
+    tmp, prices = cold_files
     table = write(outcome_table(), tmp / "t.csv")
     (tmp / "a-file").write_text("not a folder\n")
     for out in (tmp / "a-file" / "board.csv", Path("/proc/routerops-test/board.csv")):
@@ -181,9 +201,9 @@ def overlapping_tables(tmp: Path, shared: int = 5) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_overlapping_train_and_test_are_refused_before_any_embedding(files):
+def test_overlapping_train_and_test_are_refused_before_any_embedding(cold_files):
     """The refusal came after 75 s of embedding, with no way on: now before any work, offering one."""
-    tmp, prices = files
+    tmp, prices = cold_files
     train, test = overlapping_tables(tmp)
     out = tmp / "board.csv"
     result = replay(test, prices, out, "--train-table", str(train))

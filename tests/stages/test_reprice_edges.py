@@ -1,5 +1,6 @@
-"""Issue 9's price-book and table edges through the real `routerops` console script: exit code 2, one
-line naming the file and the field, no traceback, and every file that existed before left as it was."""
+"""Issue 9's price-book and table edges through `routerops` (its console script for one case, its `main` in
+this process for the rest): exit code 2, one line naming the file and the field, no traceback, and every file
+that existed before left as it was."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ import pytest
 import yaml
 
 from routerops import schema
+from tests.cli.conftest import run_cli_in_process
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTEROPS = Path(sys.executable).parent / "routerops"  # the console script of the venv running pytest
 BOOK = REPO / "configs/prices/current.yaml"
 POOL = REPO / "configs/pools/embedded-smollm2.yaml"
 
-pytestmark = pytest.mark.slow  # each case starts the CLI in a subprocess (~8 s of imports)
+pytestmark = pytest.mark.slow  # the console-script case starts the CLI in a subprocess (~8 s of imports)
 
 sys.path.insert(0, str(Path(__file__).parent))
 try:
@@ -30,7 +32,11 @@ finally:
     sys.path.pop(0)
 
 
-def routerops(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def routerops(*args: str, cwd: Path = REPO, script: bool = False) -> subprocess.CompletedProcess:
+    """The CLI's exit code and output: by the venv's `routerops` script in a process of its own when `script`
+    (one case here, so the installed entry point is run), else by the same `main` in this process."""
+    if not script:
+        return run_cli_in_process(list(args), cwd)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([str(ROUTEROPS), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
@@ -126,6 +132,6 @@ def test_import_of_a_non_utf8_outcome_csv_names_line_and_offset(tmp_path):
     csv.write_bytes(data)
     offset = data.index(b"\x80")
     out = tmp_path / "outcomes.parquet"
-    done = routerops("import-routellm", "--csv", str(csv), "--out", str(out))
+    done = routerops("import-routellm", "--csv", str(csv), "--out", str(out), script=True)
     assert_clean_error(done, str(csv), f"byte 0x80 at offset {offset} (line 3)")
     assert not out.exists()

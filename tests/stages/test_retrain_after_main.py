@@ -44,9 +44,10 @@ def stage_metrics(root: Path, stage: str) -> dict:
     return json.loads((root / "retrain/reports/stages" / f"{stage}.json").read_text())["metrics"]
 
 
-def test_retrain_after_the_main_run_reprices_without_calls_and_a_sigterm_cancels_it(tmp_path):
+def test_retrain_after_the_main_run_reprices_without_calls_and_a_sigterm_cancels_it(tmp_path, new_mlflow_db):
     root = tmp_path / "repo"
     root.mkdir()
+    new_mlflow_db(root / "mlflow.db")  # the store params.yaml names, migrated once per session (tests/conftest.py)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(tmp_path / "prefect")}
     for name in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "ROUTEROPS_ARTIFACT_ROOT"):
         env.pop(name, None)
