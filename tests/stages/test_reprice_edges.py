@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow  # the console-script case starts the CLI in a sub
 
 sys.path.insert(0, str(Path(__file__).parent))
 try:
-    from test_cli import trajectories, write_set  # the CLI tests' two-episode trajectory set
+    from tests.cli.test_cli import trajectories, write_set  # the CLI tests' two-episode trajectory set
 finally:
     sys.path.pop(0)
 
