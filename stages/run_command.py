@@ -97,9 +97,9 @@ def check_config(pipeline: Pipeline, path: Path, overrides: list[str]) -> None:
 
 # The files the main pipeline's params name, each with the loader of its kind: a value such as
 # `collect.price_book: /etc/shadow` is refused before any stage runs (issue 42 item 8).
-MAIN_FILES = {"pool.file": "routerops.pricing:load_pool", "collect.price_book": "routerops.pricing:load_price_book",
-              "reprice.price_book": "routerops.pricing:load_price_book",
-              "replay.price_book": "routerops.pricing:load_price_book"}
+MAIN_FILES = {"pool.file": "routerops.pricing:load_pool", "prices.collection": "routerops.pricing:load_price_book",
+              "prices.evaluation": "routerops.pricing:load_price_book",
+              "prices.replay": "routerops.pricing:load_price_book"}
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
@@ -126,7 +126,8 @@ def check_files(pipeline_name: str, path: Path, root: Path, overrides: list[str]
         except InputError as exc:
             where = next((f"--set {key}" for text in overrides if text.partition("=")[0].strip() == key), key)
             source = "command line" if where.startswith("--set") else path
-            raise InputError(source, where, f"{value!r} is not a usable {name.replace('_', ' ')}: {exc}") from None
+            kind = "price book" if section == "prices" else name.replace("_", " ")
+            raise InputError(source, where, f"{value!r} is not a usable {kind}: {exc}") from None
 
 
 @contextlib.contextmanager

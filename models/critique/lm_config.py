@@ -18,7 +18,7 @@ from typing import Any
 from models.critique.lm_prompts import TEMPLATES
 from models.orchestrator.config import GenerationSettings, ModelSpec, SFTSettings
 from models.orchestrator.rl import RLSettings
-from routerops.config import section_from_mapping
+from routerops.config import load_prices, reject_shared_keys, section_from_mapping
 from routerops.errors import InputError
 from routerops.files import read_yaml_mapping
 
@@ -215,7 +215,7 @@ class CritiqueLMConfig:
     table: str = "datasets/routellm/gsm8k_responses.csv"
     contaminated: str = "datasets/routellm/gsm8k_contaminated_prompts.jsonl"
     fewshot: str = "datasets/gsm8k/train_first8.jsonl"
-    price_book: str = "configs/prices/routellm-2024.yaml"
+    price_book: str = "configs/prices/routellm-2024.yaml"  # the top-level prices.replay (not a key here)
     model: ModelSpec = field(default_factory=ModelSpec)
     # How the controller decodes (orchestra.controller's keys). max_new_tokens caps a whole turn, the
     # <thinking>/<checking> text and the tags: a turn cut there is malformed (no closing tag). CPU cut:
@@ -262,4 +262,7 @@ def critique_lm_config(raw: Mapping[str, Any] | None, source: str = "params.yaml
 
 
 def load_critique_lm_config(path: str | Path = "params.yaml") -> CritiqueLMConfig:
-    return critique_lm_config(read_yaml_mapping(path).get(SECTION), source=str(path))
+    """The `critique_lm` section, priced by the top-level `prices.replay` book."""
+    raw = read_yaml_mapping(path).get(SECTION)
+    reject_shared_keys(raw, path, SECTION)
+    return dataclasses.replace(critique_lm_config(raw, source=str(path)), price_book=load_prices(path).replay)

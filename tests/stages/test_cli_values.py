@@ -47,8 +47,9 @@ def root(tmp_path) -> Path:
     ("materialise.train=-1", "greater than or equal to 0"),
     ("materialise.families=[]", "at least 1 item"),
     ("materialise.families=[basic_arithmetic, no_such_family]", "unknown reasoning-gym family 'no_such_family'"),
-    ("collect.price_book=/etc/shadow", "not a usable price book"),
-    ("collect.price_book=configs/pool.yaml", "not a usable price book"),
+    ("prices.collection=/etc/shadow", "not a usable price book"),
+    ("prices.evaluation=configs/pool.yaml", "not a usable price book"),
+    ("collect.price_book=configs/prices/current.yaml", "unknown key"),
     ("register.k=1", "greater than or equal to 2"),
     ("routers.seeds=[-1]", "greater than or equal to 0"),
     ("orchestra.budget_usd=-1", "greater than 0"),
@@ -149,7 +150,7 @@ def test_prices_publish_refuses_a_price_past_its_bound(tmp_path, capsys):
 
 def publish_flags(tmp_path: Path) -> list[str]:
     params = tmp_path / "params.yaml"
-    params.write_text(f"pool: {{file: {REPO / 'configs/pool.yaml'}}}\nreprice: {{price_book: "
+    params.write_text(f"pool: {{file: {REPO / 'configs/pool.yaml'}}}\nprices: {{evaluation: "
                       f"{REPO / 'configs/prices/current.yaml'}}}\nops: {{publish_dir: {tmp_path / 'store'}}}\n")
     return ["--params", str(params), "--root", str(tmp_path)]
 
