@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Callable, Mapping
 
 import pydantic
 from pydantic import AfterValidator, Field
@@ -153,6 +154,18 @@ class ReplayConfig:
 
 
 @dataclass(frozen=True)
+class ScoreGate:
+    """A pipeline's promotion gate on per-episode scores (routerops/promotion.py), one shape for the
+    MTRouter and orchestrator pipelines (`mtrouter.gate`, `orchestra.gate`): the candidate takes the
+    `champion` alias only if its mean episode score beats the champion's, on the same tasks, by more
+    than `min_improvement` at the lower end of a paired bootstrap interval."""
+
+    confidence: Annotated[float, Field(gt=0, lt=1)] = 0.95  # two-sided level of the paired interval
+    n_boot: Annotated[int, Field(ge=100)] = 2000  # bootstrap resamples of the tasks
+    min_improvement: Annotated[float, Field(allow_inf_nan=False)] = 0.0  # in score units
+
+
+@dataclass(frozen=True)
 class TrackConfig:
     tracking_uri: str = "sqlite:///mlflow/mlflow.db"  # MLFLOW_TRACKING_URI overrides (tests use a temp dir)
     artifact_root: str = "mlflow/artifacts"  # where new experiments keep their artifacts
@@ -282,7 +295,18 @@ def section_from_mapping(cls: type, raw: Mapping[str, Any] | None, source: str, 
     settings = cls(**{k: checked_value(f"{where}.{k}", v, getattr(defaults, k), source) for k, v in raw.items()})
     if hasattr(settings, "validate"):  # a class may check itself in __post_init__ instead
         settings.validate(source, where)
+    refuse_non_finite(settings, source, where)
     return settings
+
+
+def refuse_non_finite(settings: Any, source: str, where: str) -> None:
+    """NaN passes every `x < 0` check, and an infinity most `x > 0` ones: after the section's own
+    checks, any number still not finite is refused (issue 42's rule, for the hand-checked sections)."""
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        values = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise InputError(source, f"{where}.{f.name}", f"expected a finite number, got {value!r}")
 
 
 SHARED = {"track": "tracking is the top-level `track` section",
@@ -301,13 +325,21 @@ def load_prices(path: str | Path) -> PricesConfig:
     return load_params(path, sections=("prices",)).prices
 
 
-def load_pipeline_section(cls: type, path: str | Path, section: str, book: str = "evaluation") -> Any:
+def load_pipeline_section(cls: type, path: str | Path, section: str, book: str = "evaluation",
+                          parsers: Mapping[str, Callable[[Any], Any]] | None = None) -> Any:
     """A pipeline's own section (`orchestra`, `mtrouter`, `critique`) as `cls`, whose `track` field is
     filled from the file's top-level `track` section (one tracking store per project, not one per
-    pipeline) and whose `price_book` from the top-level `prices` section's `book` key."""
+    pipeline) and whose `price_book` from the top-level `prices` section's `book` key. `parsers` type
+    the subsections whose checks are their own (the orchestrator's LM and RL sections), once, here."""
     raw = read_yaml_mapping(path).get(section, {}) or {}
     reject_shared_keys(raw, path, section)
-    run = load_section(cls, raw, path, section)
+    parsers = parsers or {}
+    if isinstance(raw, Mapping) and parsers:
+        typed = {key: parse(raw.get(key)) for key, parse in parsers.items()}
+        run = dataclasses.replace(load_section(cls, {k: v for k, v in raw.items() if k not in parsers}, path, section),
+                                  **typed)
+    else:
+        run = load_section(cls, raw, path, section)
     shared = load_params(path, sections=tuple(SHARED) + ("prices",))
     names = {f.name for f in dataclasses.fields(cls)}
     values = {"track": shared.track, "price_book": getattr(shared.prices, book)}

@@ -26,7 +26,7 @@ MTROUTER = {
     "id_types": ["find-plant"], "ood_types": ["find-non-living-thing"], "max_variations": 2,
     "budget_usd": 0.05, "turn_limit": 2, "concurrency": 2, "seeds": [0], "ablations": ["full", "ridge"],
     "estimator": {"encoder_kind": "hashing", "hashing_dim": 512, "disk_cache": False, "max_epochs": 20},
-    "gate_n_boot": 500, "episode_routers": ["logistic"], "ablation_rollouts": True,
+    "gate": {"n_boot": 500}, "episode_routers": ["logistic"], "ablation_rollouts": True,
 }
 
 

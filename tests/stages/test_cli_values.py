@@ -65,6 +65,21 @@ def test_a_bad_value_set_on_the_command_line_is_refused_before_anything_runs(roo
     assert not (root / "data").exists()  # nothing ran: materialise would have written data/suites/
 
 
+@pytest.mark.parametrize(("pipeline", "setting", "said"), [
+    ("critique", "critique.corl.kl=.nan", "finite"),
+    ("critique", "critique.policy.lr=-1", "must be > 0"),
+    ("critique", "critique.price_book=configs/prices/current.yaml", "unknown key"),
+    ("critique-lm", "critique_lm.rl.learning_rate=.inf", "finite"),
+    ("critique-lm", "critique_lm.tree.group=0", "critique_lm.tree.group"),
+])
+def test_the_critique_sections_refuse_bad_values_before_anything_runs(root, pipeline, setting, said, capsys):
+    """Issue 41: the critique and critique_lm sections are range-checked too (NaN and infinities
+    included), refused with one line naming the `--set`, before any stage runs."""
+    code, err = run(["run", pipeline, "--root", str(root), "--set", setting], capsys)
+    one_line_error(code, err, f"--set {setting.partition('=')[0]}", said)
+    assert not (root / "reports").exists()
+
+
 def test_a_bad_value_in_params_yaml_names_the_file_and_the_key(root, capsys):
     params = root / "params.yaml"
     values = yaml.safe_load(params.read_text())
