@@ -92,8 +92,9 @@ class Market:
     def priced(self, which: str = "evaluation") -> Book:
         """Book `which` ("collection" or "evaluation"), once every worker of the pool has a price in it
         (an unpriced worker would make its costs silently zero): InputError naming the book and worker."""
+        pool = self.pool  # the pool first: its errors before the book's, as the stages always read them
         book = getattr(self, which)
-        check_pool_priced(self.pool, book.book, book.file)
+        check_pool_priced(pool, book.book, book.file)
         return book
 
     def versions(self) -> dict[str, str]:
