@@ -124,9 +124,9 @@ def rss_mib() -> float:
 
 def settings_of(args) -> dict:
     """The settings both sides share (from params.yaml's orchestra.rl, LoRA and update keys)."""
-    from models.orchestrator.rl import load_rl_config
+    from stages.orchestra.config import load_run
 
-    rl = load_rl_config(args.params).settings
+    rl = load_run(args.params).rl.settings
     return {"group_size": args.group_size, "prompt_tokens_target": args.prompt_tokens,
             "completion_tokens": args.completion_tokens, "warmup_steps": args.warmup, "measured_steps": args.steps,
             "rounds": args.rounds, "torch_threads": args.threads, "lora_r": rl.lora_r, "lora_alpha": rl.lora_alpha,
@@ -370,10 +370,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from routerops.measure import library_versions as versions
     from models.embeddings import cpu_flags
-    from models.orchestrator.config import load_orchestra_config
     from models.orchestrator.lm import base_gguf, base_model_folder
+    from stages.orchestra.config import load_run
 
-    model = load_orchestra_config(args.params).model
+    model = load_run(args.params).model
     folder = base_model_folder(model)  # dequantise the GGUF now if needed, outside both measurements
     shared = {**settings_of(args), "gguf": str(base_gguf(model))}
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
 from models.embeddings import cpu_flags  # noqa: E402
-from models.orchestrator.config import load_orchestra_config  # noqa: E402
+from stages.orchestra.config import lm_config, load_run  # noqa: E402
 from models.orchestrator.lm import base_model_folder  # noqa: E402
 from models.orchestrator.sft import train_sft  # noqa: E402
 from models.orchestrator.synthetic import synthetic_conversations  # noqa: E402
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
 
-    config = load_orchestra_config(args.params)
+    config = lm_config(load_run(args.params), args.params)
     sft = dataclasses.replace(config.sft, max_steps=args.steps, batch_size=args.batch_size, warmup_steps=0,
                               max_seq_len=args.max_seq_len, save_steps=args.steps, seed=args.seed)
     config = dataclasses.replace(config, sft=sft)

@@ -13,7 +13,7 @@ from routerops.envs.replay import import_routellm_gsm8k, write_logged_outcomes
 from routerops.envs.suites import write_tasks
 from routerops.errors import InputError
 from routerops.files import check_output
-from routerops.pricing import load_pool, load_price_book
+from routerops.market import resolve_book, resolve_pool
 from routerops.validation import check_column_types, check_trajectory_rows
 from stages.pipeline import reprice_tables
 
@@ -23,7 +23,7 @@ def reprice_command(args: argparse.Namespace) -> None:
     src, dst = Path(args.src), Path(args.out)
     check_reprice_output(src, dst)  # before any work: a bad --out must not cost a run
     check_output(dst, "--out", folder=True, inputs=(args.price_book,))
-    book = load_price_book(args.price_book)
+    book = resolve_book(args.price_book).book
     episodes, turns = read_trajectories(src)
     unpriced = sorted(set(turns.worker) - set(book.prices))
     if unpriced:
@@ -58,7 +58,7 @@ def read_trajectories(src: Path):
 def validate_command(args: argparse.Namespace) -> None:
     src = Path(args.src)
     episodes, turns = read_trajectories(src)
-    report = check_trajectory_rows(episodes, turns, load_pool(args.pool), load_price_book(args.price_book),
+    report = check_trajectory_rows(episodes, turns, resolve_pool(args.pool), resolve_book(args.price_book).book,
                                    src / "episodes.parquet", src / "turns.parquet")
     print(f"{src}: {len(report.results)} checks passed on {report.n_episodes} episodes / {report.n_turns} turns")
 

@@ -26,7 +26,7 @@ def publish_command(args: argparse.Namespace) -> None:
     store = root / params.ops.publish_dir
     check_output(store, f"ops.publish_dir in {root / args.params}", folder=True)  # before anything is validated
     pool_file = in_force(store, POOL, root / params.pool.file)
-    book_file = in_force(store, PRICES, root / params.reprice.price_book)
+    book_file = in_force(store, PRICES, root / params.prices.evaluation)
     old_pool = load_pool(pool_file) if args.kind == POOL else None
     published, changed = publish(args.kind, args.file, store, pool_file=pool_file, book_file=book_file)
     if not changed:

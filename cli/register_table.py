@@ -121,14 +121,14 @@ def register_command(args: argparse.Namespace) -> None:
     from models.registry import ROUTER_FACTORIES, make_router
     from routerops import schema
     from routerops.config import TrackConfig
-    from routerops.pricing import load_price_book
+    from routerops.market import resolve_book
     from routerops.promotion import GateConfig
     from routerops.publishing import versions
 
     if args.router not in ROUTER_FACTORIES:
         raise InputError("command line", "--router", f"unknown router family {args.router!r}; known: "
                          f"{', '.join(sorted(ROUTER_FACTORIES))}")
-    book, encoder = load_price_book(args.prices), default_encoder()
+    book, encoder = resolve_book(args.prices).book, default_encoder()
     say(f"embedding {train_rows.query_id.nunique()} training and {gate_rows.query_id.nunique()} gate queries ({how})")
     train = routing_data_from_table(train_rows, book, encoder)
     gate_data = routing_data_from_table(gate_rows, book, encoder)

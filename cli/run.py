@@ -134,8 +134,8 @@ def check_config(pipeline: Pipeline, path: Path, overrides: list[str]) -> None:
 
 # The files the main pipeline's params name, each with the loader of its kind: a value such as
 # `collect.price_book: /etc/shadow` is refused before any stage runs (issue 42 item 8).
-MAIN_FILES = {"pool.file": "pool", "collect.price_book": "price book", "reprice.price_book": "price book",
-              "replay.price_book": "price book"}
+MAIN_FILES = {"pool.file": "pool", "prices.collection": "price book", "prices.evaluation": "price book",
+              "prices.replay": "price book"}
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
@@ -163,7 +163,8 @@ def check_files(pipeline_name: str, path: Path, root: Path, overrides: list[str]
         except InputError as exc:
             where = next((f"--set {key}" for text in overrides if text.partition("=")[0].strip() == key), key)
             source = "command line" if where.startswith("--set") else path
-            raise InputError(source, where, f"{value!r} is not a usable {name.replace('_', ' ')}: {exc}") from None
+            kind = "price book" if section == "prices" else name.replace("_", " ")
+            raise InputError(source, where, f"{value!r} is not a usable {kind}: {exc}") from None
 
 
 @contextlib.contextmanager

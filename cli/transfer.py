@@ -41,13 +41,14 @@ def arena_evaluate_command(args: argparse.Namespace) -> None:
     from routerops import schema
     from routerops.envs.replay import worker_order
     from routerops.files import check_output
-    from routerops.pricing import load_pool, load_price_book
+    from routerops.market import resolve_book
+    from routerops.pricing import load_pool
     from routerops.workers.endpoints import replay_server
     from routerops.workers.replay_endpoint import load_replay_table
 
     check_output(args.out, "--out", inputs=(args.table, args.prices, args.pool))
     table = load_replay_table(args.table)
-    book = load_price_book(args.prices)
+    book = resolve_book(args.prices).book
     unpriced = [w for w in worker_order(table) if w not in book.prices]
     if unpriced:
         raise InputError(args.prices, f"prices.{unpriced[0]}", f"no price for worker {unpriced[0]!r} of {args.table}")

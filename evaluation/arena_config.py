@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from routerops.config import TrackConfig, load_section
+from routerops.config import TrackConfig, load_prices, load_section, reject_shared_keys
 from routerops.errors import InputError
 from routerops.files import read_yaml_mapping
 
@@ -54,7 +54,7 @@ class ArenaConfig:
     table: str = "datasets/routellm/gsm8k_responses.csv"
     contaminated: str = "datasets/routellm/gsm8k_contaminated_prompts.jsonl"
     fewshot: str = "datasets/gsm8k/train_first8.jsonl"
-    price_book: str = "configs/prices/routellm-2024.yaml"
+    price_book: str = "configs/prices/routellm-2024.yaml"  # the top-level prices.replay (not a key here)
     split: SplitSettings = field(default_factory=SplitSettings)
     seeds: tuple[int, ...] = (0,)  # routers' and random policies' seeds (a row is the mean over them)
     random_mixes: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75)  # the strong worker's share of random routing
@@ -105,7 +105,9 @@ def load_arena_run(path: str | Path = "params.yaml") -> ArenaRun:
     from models.critique.lm_config import critique_lm_config
 
     raw = read_yaml_mapping(path)
-    cfg = arena_config(raw.get(SECTION), str(path))
+    reject_shared_keys(raw.get(SECTION), path, SECTION)
+    reject_shared_keys(raw.get("critique_lm"), path, "critique_lm")
+    cfg = dataclasses.replace(arena_config(raw.get(SECTION), str(path)), price_book=load_prices(path).replay)
     lm = critique_lm_config(raw.get("critique_lm"), source=str(path))
     protocol = dataclasses.replace(lm.protocol, split_seed=cfg.split.seed, fractions=tuple(cfg.split.fractions),
                                    eval_queries=cfg.lm.eval_queries)

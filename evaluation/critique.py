@@ -26,7 +26,7 @@ from models.critique.policy import ControllerPolicy
 from routerops import metrics
 from routerops.envs.replay import import_routellm_gsm8k
 from routerops.errors import InputError
-from routerops.pricing import load_price_book
+from routerops.market import resolve_book
 
 log = logging.getLogger(__name__)
 ROUTELLM_PUBLISHED = {"best_apgr": 0.622, "random_apgr": 0.497}  # RouteLLM paper, GSM8K (Table 3)
@@ -44,7 +44,7 @@ def load_table(cfg: CritiqueConfig, root: Path) -> RoutingData:
         if not path.is_file():
             raise InputError(path, f"critique.{key}", "file not found")
     table = import_routellm_gsm8k(paths[0], contaminated_path=paths[1], train_path=paths[2])
-    return routing_data_from_table(table, load_price_book(paths[3]))
+    return routing_data_from_table(table, resolve_book(paths[3]).book)
 
 
 def _merge(parts: list[dict]) -> dict:

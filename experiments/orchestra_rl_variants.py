@@ -51,7 +51,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
 from models.embeddings import cpu_flags  # noqa: E402
-from models.orchestrator.rl import rl_config  # noqa: E402
 from routerops import schema  # noqa: E402
 from routerops.envs.suites import read_tasks  # noqa: E402
 from routerops.errors import InputError  # noqa: E402
@@ -104,8 +103,9 @@ def variant_run(run: OrchestraRun, layout: Layout, estimator: str, seed: int, st
                 eval_batch: int) -> OrchestraRun:
     """The flow's run with one estimator, `steps` RL steps and sampling seed `seed`; paths absolute so a
     variant's own root can hold its RL folder. Checkpoints every 5 steps: a killed run loses ≤ 5."""
-    rl_section = {**run.rl, "estimator": estimator, "max_steps": steps, "save_steps": min(5, steps)}
-    controller = {**run.controller, "seed": seed, "batch_size": max(eval_batch, run.controller.get("batch_size", 8))}
+    rl_section = dataclasses.replace(run.rl, advantages=dataclasses.replace(run.rl.advantages, estimator=estimator),
+                                     settings=dataclasses.replace(run.rl.settings, max_steps=steps, save_steps=min(5, steps)))
+    controller = dataclasses.replace(run.controller, seed=seed, batch_size=max(eval_batch, run.controller.batch_size))
     return dataclasses.replace(run, rl=rl_section, controller=controller, pool=str(layout.resolve(run.pool)),
                                price_book=str(layout.resolve(run.price_book)))
 
@@ -251,7 +251,7 @@ def run_sft(run: OrchestraRun, flow: Layout, work: Path, archive: Path, eval_bat
     done = finished_run(work, archive, "sft", fingerprint)
     if done is not None:
         return done
-    own = variant_run(run, flow, run.rl.get("estimator", "agentic_grpo"), 0, 1, eval_batch)
+    own = variant_run(run, flow, run.rl.advantages.estimator, 0, 1, eval_batch)
     started = time.perf_counter()
     record = {"name": "sft", "estimator": "sft", "seed": None, "sft_sha256": fingerprint, "steps": [],
               "adapter_change": 0.0,
@@ -339,7 +339,7 @@ def main() -> None:
     if not (flow.orchestra_adapter / "adapter_model.safetensors").is_file():
         raise InputError(flow.orchestra_adapter, "adapter", "no SFT adapter: run `make orchestra` first")
     run = load_run(flow.resolve(args.params))
-    cfg = rl_config(run.rl, args.params)
+    cfg = run.rl
     work, archive = flow.resolve(args.work), Path(args.archive)
     fingerprint = sft_fingerprint(flow)
     load_before, started = os.getloadavg(), time.perf_counter()
@@ -363,7 +363,7 @@ def main() -> None:
                     "evaluation on the held-out test and OOD tasks; paired 95% percentile bootstrap over tasks of "
                     "(variant − SFT), per-task means over seeds; nothing tuned on held-out tasks",
         "settings": {"steps": args.steps, "seeds": args.seeds, "group_size": cfg.group_size,
-                     "alpha": cfg.advantages.alpha, "rl": run.rl, "held_out": list(HELD_OUT)},
+                     "alpha": cfg.advantages.alpha, "rl": {**dataclasses.asdict(cfg.settings), **dataclasses.asdict(cfg.advantages)}, "held_out": list(HELD_OUT)},
         "runs": {r["name"]: {k: v for k, v in r.items() if k != "episodes"} for r in records},
         "sft_sha256": fingerprint,
         "missing_runs": [name for name, record in found.items() if record is None],

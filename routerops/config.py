@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Callable, Mapping
 
 import pydantic
 from pydantic import AfterValidator, Field
 
 from routerops.errors import InputError
 from routerops.files import read_yaml_mapping
+
+if typing.TYPE_CHECKING:
+    from routerops.layout import Layout
+    from routerops.market import Market
 
 
 # Value constraints (issue 42 item 8): a bad value is refused by the loader, naming its key, before any
@@ -78,8 +83,20 @@ class MaterialiseConfig:
 
 
 @dataclass(frozen=True)
+class PricesConfig:
+    """The price books, one top-level section (issue 41 item 2): every stage and pipeline takes its book
+    from here, and dvc.yaml's deps name these keys (`${prices.collection}`), so they follow an edit.
+    A run resolves its pool and books once into a routerops.market.Market."""
+
+    collection: FilePath = "configs/prices/collection-2026-11.yaml"  # budgets are enforced under this book
+    # The book trajectories are re-priced and scored under (edit it to re-price offline, without a single
+    # LLM call); the MTRouter and orchestrator pipelines enforce their budgets under it too.
+    evaluation: FilePath = "configs/prices/current.yaml"
+    replay: FilePath = "configs/prices/routellm-2024.yaml"  # RouteLLM's logged GSM8K models, 2024 list prices
+
+
+@dataclass(frozen=True)
 class CollectConfig:
-    price_book: FilePath = "configs/prices/collection-2026-11.yaml"  # budgets are enforced under this book
     budget_usd: Usd = 0.01  # per-episode budget, checked before every call
     turn_limit: Positive = 3
     concurrency: Positive = 4  # episodes in flight
@@ -92,11 +109,6 @@ class CollectConfig:
     shards: Positive = 1  # each part of the plan is split into this many shards, collected exactly once each
     dask_address: str = ""  # a team's Dask scheduler ("tcp://host:8786"); "" starts a local cluster
     dask_workers: Positive = 2  # worker processes of that local cluster (one thread each)
-
-
-@dataclass(frozen=True)
-class RepriceConfig:
-    price_book: FilePath = "configs/prices/current.yaml"  # the book evaluation prices trajectories under
 
 
 @dataclass(frozen=True)
@@ -135,11 +147,22 @@ class ReplayConfig:
     table: str = "datasets/routellm/gsm8k_responses.csv"  # RouteLLM's logged outcomes (Apache-2.0)
     contaminated: str = "datasets/routellm/gsm8k_contaminated_prompts.jsonl"  # prompts RouteLLM drops
     fewshot: str = "datasets/gsm8k/train_first8.jsonl"  # RouteLLM's 8-shot prompt, for token estimates
-    price_book: FilePath = "configs/prices/routellm-2024.yaml"
     routers: Names = field(default_factory=lambda: ["random", "oracle", "knn", "logistic", "mf", "mlp"])
     k: Folds = 5  # the table has no split: cross-fitted, so no router scores a query it trained on
     seeds: Seeds = field(default_factory=lambda: [0])
     bootstrap: Count = 200
+
+
+@dataclass(frozen=True)
+class ScoreGate:
+    """A pipeline's promotion gate on per-episode scores (routerops/promotion.py), one shape for the
+    MTRouter and orchestrator pipelines (`mtrouter.gate`, `orchestra.gate`): the candidate takes the
+    `champion` alias only if its mean episode score beats the champion's, on the same tasks, by more
+    than `min_improvement` at the lower end of a paired bootstrap interval."""
+
+    confidence: Annotated[float, Field(gt=0, lt=1)] = 0.95  # two-sided level of the paired interval
+    n_boot: Annotated[int, Field(ge=100)] = 2000  # bootstrap resamples of the tasks
+    min_improvement: Annotated[float, Field(allow_inf_nan=False)] = 0.0  # in score units
 
 
 @dataclass(frozen=True)
@@ -165,8 +188,8 @@ class OpsConfig:
 class Params:
     pool: PoolConfig = field(default_factory=PoolConfig)
     materialise: MaterialiseConfig = field(default_factory=MaterialiseConfig)
+    prices: PricesConfig = field(default_factory=PricesConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
-    reprice: RepriceConfig = field(default_factory=RepriceConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     routers: RoutersConfig = field(default_factory=RoutersConfig)
     register: RegisterConfig = field(default_factory=RegisterConfig)
@@ -184,6 +207,14 @@ class Params:
     critique_lm: dict = field(default_factory=dict)
     # The arena's section (issue 39); typed and checked by evaluation.arena_config.
     arena: dict = field(default_factory=dict)
+
+    def market(self, layout: "Layout") -> "Market":
+        """The main pipeline's market: params.yaml's pool and its collection and evaluation books, under
+        the layout's root, resolved once per content (routerops/market.py)."""
+        from routerops.market import resolve_market
+
+        return resolve_market(layout.resolve(self.pool.file), layout.resolve(self.prices.collection),
+                              layout.resolve(self.prices.evaluation))
 
 
 FORBID_UNKNOWN_KEYS = pydantic.ConfigDict(extra="forbid")
@@ -264,17 +295,55 @@ def section_from_mapping(cls: type, raw: Mapping[str, Any] | None, source: str, 
     settings = cls(**{k: checked_value(f"{where}.{k}", v, getattr(defaults, k), source) for k, v in raw.items()})
     if hasattr(settings, "validate"):  # a class may check itself in __post_init__ instead
         settings.validate(source, where)
+    refuse_non_finite(settings, source, where)
     return settings
 
 
-def load_pipeline_section(cls: type, path: str | Path, section: str) -> Any:
-    """A pipeline's own section (`orchestra`, `mtrouter`) as `cls`, whose `track` field is filled from
-    the file's top-level `track` section (one tracking store per project, not one per pipeline)."""
+def refuse_non_finite(settings: Any, source: str, where: str) -> None:
+    """NaN passes every `x < 0` check, and an infinity most `x > 0` ones: after the section's own
+    checks, any number still not finite is refused (issue 42's rule, for the hand-checked sections)."""
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        values = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise InputError(source, f"{where}.{f.name}", f"expected a finite number, got {value!r}")
+
+
+SHARED = {"track": "tracking is the top-level `track` section",
+          "price_book": "price books are the top-level `prices` section"}
+
+
+def reject_shared_keys(raw: Any, path: str | Path, section: str) -> None:
+    """A pipeline section may not hold its own tracking store or price book: those are top-level."""
+    for key, why in SHARED.items():
+        if isinstance(raw, Mapping) and key in raw:
+            raise InputError(path, f"{section}.{key}", f"unknown key ({why})")
+
+
+def load_prices(path: str | Path) -> PricesConfig:
+    """The top-level `prices` section of params file `path`."""
+    return load_params(path, sections=("prices",)).prices
+
+
+def load_pipeline_section(cls: type, path: str | Path, section: str, book: str = "evaluation",
+                          parsers: Mapping[str, Callable[[Any], Any]] | None = None) -> Any:
+    """A pipeline's own section (`orchestra`, `mtrouter`, `critique`) as `cls`, whose `track` field is
+    filled from the file's top-level `track` section (one tracking store per project, not one per
+    pipeline) and whose `price_book` from the top-level `prices` section's `book` key. `parsers` type
+    the subsections whose checks are their own (the orchestrator's LM and RL sections), once, here."""
     raw = read_yaml_mapping(path).get(section, {}) or {}
-    if isinstance(raw, dict) and "track" in raw:
-        raise InputError(path, f"{section}.track", "unknown key (tracking is the top-level `track` section)")
-    run = load_section(cls, raw, path, section)
-    return dataclasses.replace(run, track=load_params(path, sections=("track",)).track)
+    reject_shared_keys(raw, path, section)
+    parsers = parsers or {}
+    if isinstance(raw, Mapping) and parsers:
+        typed = {key: parse(raw.get(key)) for key, parse in parsers.items()}
+        run = dataclasses.replace(load_section(cls, {k: v for k, v in raw.items() if k not in parsers}, path, section),
+                                  **typed)
+    else:
+        run = load_section(cls, raw, path, section)
+    shared = load_params(path, sections=tuple(SHARED) + ("prices",))
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {"track": shared.track, "price_book": getattr(shared.prices, book)}
+    return dataclasses.replace(run, **{k: v for k, v in values.items() if k in names})
 
 
 def load_params(path: str | Path = "params.yaml", sections: tuple[str, ...] | None = None) -> Params:

@@ -25,7 +25,8 @@ from typing import Any
 
 from routerops import schema
 from routerops.errors import InputError
-from routerops.pricing import Pool, check_pool_priced, load_pool, load_price_book
+from routerops.market import resolve_book, resolve_market, resolve_pool
+from routerops.pricing import Pool, check_pool_priced
 
 PRICES, POOL = "prices", "pool"
 KINDS = (PRICES, POOL)
@@ -76,8 +77,7 @@ def pool_version(pool: Pool, sha256: str) -> str:
 
 def versions(book_file: Path, pool_file: Path) -> dict[str, str]:
     """The versions a run records of the price book and pool it used (tags, registry decisions)."""
-    return {"price_book_version": load_price_book(book_file).version,
-            "pool_version": pool_version(load_pool(pool_file), schema.file_sha256(pool_file))}
+    return resolve_market(pool_file, book_file).versions()
 
 
 def publish(kind: str, src: str | Path, store: str | Path, *, pool_file: Path, book_file: Path) -> tuple[Published, bool]:
@@ -92,12 +92,12 @@ def publish(kind: str, src: str | Path, store: str | Path, *, pool_file: Path, b
     src, store = Path(src), Path(store)
     sha = schema.file_sha256(src) if src.is_file() else ""
     if kind == PRICES:
-        book = load_price_book(src)  # raises InputError naming the field
-        check_pool_priced(load_pool(pool_file), book, src)
+        book = resolve_book(src).book  # raises InputError naming the field
+        check_pool_priced(resolve_pool(pool_file), book, src)
         version = book.version
     else:
-        pool = load_pool(src)
-        check_pool_priced(pool, load_price_book(book_file), book_file)
+        pool = resolve_pool(src)
+        check_pool_priced(pool, resolve_book(book_file).book, book_file)
         version = pool_version(pool, sha)
     check_version_name(src, version)
     stored = store / kind / f"{version}.yaml"

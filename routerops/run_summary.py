@@ -84,7 +84,7 @@ def serve_lines(layout: Layout, params_file: str = "params.yaml") -> list[str]:
         "Serve the champion (a key, then the gateway; it starts the pool's replay endpoints and llama.cpp):",
         "  routerops gateway keys create --budget-usd 1 --name demo   # prints the api_key once",
         f"  routerops gateway serve --router {report.get('name')} --local-server --pool-file {params.pool.file} "
-        f"--price-book {params.reprice.price_book} --tracking-uri {tracking} --port 8000",
+        f"--price-book {params.prices.evaluation} --tracking-uri {tracking} --port 8000",
         "Then, with ROUTEROPS_API_KEY set to that key (Python, openai SDK):",
         "  import os, openai",
         "  client = openai.OpenAI(base_url=\"http://127.0.0.1:8000/v1\", api_key=os.environ[\"ROUTEROPS_API_KEY\"])",

@@ -75,14 +75,19 @@ MT = load_mtrouter_run
 ORCH = load_orchestra_run
 CRITIQUE_LM = load_critique_lm_config
 ARENA = load_arena_run
-ARENA_DATA = ("datasets/routellm", "datasets/gsm8k/train_first8.jsonl", "configs/prices/routellm-2024.yaml",
-              "routerops/splits.py")
+# A dependency written `${key}` is the file params.yaml's `key` names (the pool, a price book): stages/dvc_yaml.py
+# writes the path the settings give, so an edited params.yaml cannot leave dvc.yaml tracking the old file
+# (`routerops dvc-yaml --check`, run by the tests, names the stale stage). Such a key is a param of its stage too.
+POOL = "${pool.file}"
+COLLECTION_BOOK, EVALUATION_BOOK, REPLAY_BOOK = "${prices.collection}", "${prices.evaluation}", "${prices.replay}"
+ARENA_DATA = ("datasets/routellm", "datasets/gsm8k/train_first8.jsonl", REPLAY_BOOK, "routerops/splits.py")
 # The orchestrator run's shared sections (pool, prices, budget, prompt) and the controller's.
-ORCH_RUN = ("orchestra.pool", "orchestra.price_book", "orchestra.budget_usd", "orchestra.turn_limit", "orchestra.prompt")
+ORCH_RUN = ("orchestra.pool", "prices.evaluation", "orchestra.budget_usd", "orchestra.turn_limit", "orchestra.prompt")
 ORCH_LM = ("orchestra.anonymize_workers", "orchestra.evaluation", "orchestra.model", "orchestra.controller")
-POOL_AND_PRICES = ("configs/pool.yaml", "configs/prices/current.yaml")
+POOL_AND_PRICES = (POOL, EVALUATION_BOOK)
 # The MTRouter and orchestrator pipelines run on the embedded pool (params.yaml mtrouter.pool, orchestra.pool).
-EMBEDDED_POOL_AND_PRICES = ("configs/pools/embedded-smollm2.yaml", "configs/prices/current.yaml")
+MTROUTER_POOL_AND_PRICES = ("${mtrouter.pool}", EVALUATION_BOOK)
+ORCH_POOL_AND_PRICES = ("${orchestra.pool}", EVALUATION_BOOK)
 
 STAGES: dict[str, Stage] = {
     # --- the main pipeline (dvc.yaml, flows/pipeline.py) ---
@@ -101,17 +106,17 @@ STAGES: dict[str, Stage] = {
     # Its dependency is the *collection* price book (budgets are enforced under it); only reprice and
     # what follows depend on the evaluation price book, so a price change makes no LLM call.
     "collect": Stage(lambda: stages_pipeline().collect, MAIN, lambda L: (L.tasks,), retries=2, retry_delay_seconds=5, dvc=Dvc(
-        deps=("data/suites/tasks.jsonl", "configs/pool.yaml", "configs/prices/collection-2026-11.yaml",
+        deps=("data/suites/tasks.jsonl", POOL, COLLECTION_BOOK,
               "data/replay/routellm_gsm8k.parquet",  # the answers the pool's replay endpoints give
               "routerops/rollout.py", "routerops/shards.py", "routerops/policies.py", "routerops/envs/qa.py",
               "stages/pipeline.py"),
-        params=("collect", "pool", "evaluate.splits"), outs=("data/raw/episodes.parquet", "data/raw/turns.parquet"))),
+        params=("collect", "pool", "prices.collection", "evaluate.splits"), outs=("data/raw/episodes.parquet", "data/raw/turns.parquet"))),
     "reprice": Stage(lambda: stages_pipeline().reprice, MAIN, lambda L: (L.raw,), dvc=Dvc(
-        deps=("data/raw/episodes.parquet", "data/raw/turns.parquet", "configs/prices/current.yaml"),
-        params=("reprice",), outs=("data/priced/episodes.parquet", "data/priced/turns.parquet"))),
+        deps=("data/raw/episodes.parquet", "data/raw/turns.parquet", EVALUATION_BOOK),
+        params=("prices.evaluation",), outs=("data/priced/episodes.parquet", "data/priced/turns.parquet"))),
     "validate": Stage(lambda: stages_pipeline().validate, MAIN, lambda L: (L.priced,), dvc=Dvc(
-        deps=("data/priced/episodes.parquet", "data/priced/turns.parquet", "configs/pool.yaml",
-              "routerops/validation.py"),
+        deps=("data/priced/episodes.parquet", "data/priced/turns.parquet", POOL, "routerops/validation.py"),
+        params=("pool", "prices.evaluation"),
         outs=(uncached("reports/validation.json"),))),
     "evaluate": Stage(lambda: stages_pipeline().evaluate, MAIN, lambda L: (L.priced, L.validation), dvc=Dvc(
         deps=("data/priced/episodes.parquet", "data/priced/turns.parquet", "reports/validation.json",
@@ -124,8 +129,8 @@ STAGES: dict[str, Stage] = {
         deps=("data/priced/episodes.parquet", "data/suites/tasks.jsonl", "routerops/grid.py"),
         outs=("data/grid/outcomes.parquet",))),
     "routers": Stage(lambda: stages_routers().routers, MAIN, lambda L: (L.grid,), dvc=Dvc(
-        deps=("data/grid/outcomes.parquet", "configs/prices/current.yaml", "models", "evaluation/replay.py"),
-        params=("routers", "evaluate.splits"),
+        deps=("data/grid/outcomes.parquet", EVALUATION_BOOK, "models", "evaluation/replay.py"),
+        params=("routers", "prices.evaluation", "evaluate.splits"),
         outs=(uncached("reports/routers/leaderboard.csv"), uncached("reports/routers/leaderboard.md"),
               uncached("reports/routers/curves.csv"), uncached("reports/routers/meta.json"),
               uncached("reports/routers/accuracy_cost.png")))),
@@ -134,11 +139,10 @@ STAGES: dict[str, Stage] = {
                       lambda L: (L.grid, {"leaderboard": L.routers_dir / "leaderboard.csv"}), dvc=Dvc(
         deps=("data/grid/outcomes.parquet", "reports/routers/leaderboard.csv", "evaluation/registry.py",
               *POOL_AND_PRICES),
-        params=("register", "pool", "reprice"), outs=(uncached("reports/registry.json"),))),
+        params=("register", "pool", "prices.evaluation"), outs=(uncached("reports/registry.json"),))),
     "replay": Stage(lambda: stages_replay().replay, MAIN, lambda L: (L.replay_table,), dvc=Dvc(
-        deps=("data/replay/routellm_gsm8k.parquet", "configs/prices/routellm-2024.yaml", "models",
-              "evaluation/replay.py"),
-        params=("replay",),
+        deps=("data/replay/routellm_gsm8k.parquet", REPLAY_BOOK, "models", "evaluation/replay.py"),
+        params=("replay", "prices.replay"),
         outs=(uncached("reports/replay/leaderboard.csv"),
               uncached("reports/replay/leaderboard.md"), uncached("reports/replay/curves.csv"),
               uncached("reports/replay/accuracy_cost.png")),
@@ -147,19 +151,19 @@ STAGES: dict[str, Stage] = {
     "track": Stage(lambda: stages_track().track, MAIN, lambda L: (L.registry_report, L.replay_dir / "leaderboard.csv"), dvc=Dvc(
         deps=("reports/stages", "reports/eval/metrics.json", "reports/registry.json", "reports/replay/leaderboard.csv",
               *POOL_AND_PRICES),
-        params=("track", "pool", "reprice"), outs=(uncached("reports/mlflow_runs.json"),))),
+        params=("track", "pool", "prices.evaluation"), outs=(uncached("reports/mlflow_runs.json"),))),
 
     # --- critique (pipelines/critique/dvc.yaml; no flow) ---
-    "critique": Stage(lambda: stages_critique().critique, load_critique_config, lambda L: (), dvc=Dvc(
-        deps=("datasets/routellm", "datasets/gsm8k/train_first8.jsonl", "configs/prices/routellm-2024.yaml",
-              "models/critique", "evaluation/critique.py"),
-        params=("critique",), outs=(uncached("reports/critique/results.json"),),
+    "critique": Stage(lambda: stages_critique().critique, "models.critique.config:load_critique_config", lambda L: (), dvc=Dvc(
+        deps=("datasets/routellm", "datasets/gsm8k/train_first8.jsonl", REPLAY_BOOK, "models/critique",
+              "evaluation/critique.py"),
+        params=("critique", "prices.replay"), outs=(uncached("reports/critique/results.json"),),
         metrics=(uncached("reports/critique/metrics.json"),),
         note="critique-and-route (002) + CoRL modes (003), RouteLLM GSM8K logs")),
     "critique-lm": Stage(lambda: stages_critique().critique_lm, CRITIQUE_LM, lambda L: (), dvc=Dvc(
-        deps=("datasets/routellm", "datasets/gsm8k/train_first8.jsonl", "configs/prices/routellm-2024.yaml",
+        deps=("datasets/routellm", "datasets/gsm8k/train_first8.jsonl", REPLAY_BOOK,
               "models/critique", "models/orchestrator/rl.py", "models/orchestrator/sft.py", "evaluation/critique_lm.py"),
-        params=("critique_lm",),
+        params=("critique_lm", "prices.replay"),
         outs=(uncached("reports/critique/lm_results.json"), {"reports/critique/lm": {"persist": False}}),
         metrics=(uncached("reports/critique/lm_metrics.json"),),
         note="the LM controllers of 002 / 003 trained by the shared RL core (issue 24); "
@@ -174,11 +178,12 @@ STAGES: dict[str, Stage] = {
     # pool, one split. Each stage skips the (method, seed) outputs it already made with the same settings,
     # so a retry (or a rerun) resumes.
     "arena-policies": Stage(lambda: stages_arena().policies, ARENA, lambda L: (), retries=1, dvc=Dvc(
-        deps=(*ARENA_DATA, "models", "evaluation/arena_policies.py"), params=("arena",),
+        deps=(*ARENA_DATA, "models", "evaluation/arena_policies.py"), params=("arena", "prices.replay"),
         outs=({"data/arena/policies": {"persist": True}},),
         note="trivial policies, routers, cascade: fit on train, knob chosen on val, read on test")),
     "arena-lm": Stage(lambda: stages_arena().lm, ARENA, lambda L: (), retries=1, dvc=Dvc(
-        deps=(*ARENA_DATA, "models/critique", "evaluation/critique_lm.py"), params=("arena", "critique_lm"),
+        deps=(*ARENA_DATA, "models/critique", "evaluation/critique_lm.py"),
+        params=("arena", "critique_lm", "prices.replay"),
         outs=({"data/arena/lm": {"persist": True}},),
         note="the LM critique-and-route (002) and CoRL (003) controllers on the arena's split")),
     "arena-report": Stage(lambda: stages_arena().report, ARENA, lambda L: (L.arena_data / "policies", L.arena_data / "lm"),
@@ -190,14 +195,14 @@ STAGES: dict[str, Stage] = {
     # --- MTRouter (pipelines/mtrouter/dvc.yaml, flows/mtrouter.py) ---
     # Rollouts through live workers; a rerun resumes, so one retry never duplicates an episode.
     "mtrouter-collect": Stage(lambda: stages_mtrouter().collect, MT, lambda L: (), retries=1, retry_delay_seconds=5, dvc=Dvc(
-        deps=(*EMBEDDED_POOL_AND_PRICES, "routerops/envs/scienceworld_env.py", "routerops/rollout.py"),
-        params=("mtrouter",), outs=("data/mtrouter/tasks.jsonl", "data/mtrouter/train"))),
+        deps=(*MTROUTER_POOL_AND_PRICES, "routerops/envs/scienceworld_env.py", "routerops/rollout.py"),
+        params=("mtrouter", "prices.evaluation"), outs=("data/mtrouter/tasks.jsonl", "data/mtrouter/train"))),
     "mtrouter-ablations": Stage(lambda: stages_mtrouter().ablations, MT, lambda L: (L.mtrouter_tasks, L.mtrouter_train), dvc=Dvc(
         deps=("data/mtrouter/tasks.jsonl", "data/mtrouter/train", "models/mtrouter"),
-        params=("mtrouter",), outs=(uncached("reports/mtrouter/ablations.md"),))),
+        params=("mtrouter", "prices.evaluation"), outs=(uncached("reports/mtrouter/ablations.md"),))),
     "mtrouter-evaluate": Stage(lambda: stages_mtrouter().evaluate, MT, lambda L: (L.mtrouter_tasks, L.mtrouter_train), dvc=Dvc(
         deps=("data/mtrouter/tasks.jsonl", "data/mtrouter/train", "models"),
-        params=("mtrouter",),
+        params=("mtrouter", "prices.evaluation"),
         outs=("data/mtrouter/eval", "data/mtrouter/routers", uncached("reports/mtrouter/evaluation.csv")))),
     "mtrouter-analyses": Stage(lambda: stages_mtrouter().analyses_stage, MT,
                                lambda L: (L.mtrouter_reports / "evaluation.csv",), dvc=Dvc(
@@ -207,7 +212,7 @@ STAGES: dict[str, Stage] = {
                                lambda L: (L.mtrouter_tasks, L.mtrouter_train, L.mtrouter_reports / "evaluation.csv"),
                                dvc=Dvc(
         deps=("data/mtrouter/routers", "data/mtrouter/eval", "reports/mtrouter/evaluation.csv", "evaluation/registry.py"),
-        params=("mtrouter",), outs=(uncached("reports/mtrouter/registry.json"),))),
+        params=("mtrouter", "prices.evaluation"), outs=(uncached("reports/mtrouter/registry.json"),))),
     "mtrouter-track": Stage(lambda: stages_track().mtrouter_track, MT, lambda L: (L.mtrouter_reports / "registry.json",), dvc=Dvc(
         deps=("reports/mtrouter/stages", "reports/mtrouter/registry.json"),
         params=("track",), outs=(uncached("reports/mtrouter/mlflow_runs.json"),))),
@@ -218,7 +223,7 @@ STAGES: dict[str, Stage] = {
     # Rolls single workers and the random router out through live workers; a rerun resumes from the journal.
     "orchestra-baselines": Stage(lambda: stages_orchestra_data().baselines, ORCH, lambda L: (L.orchestra_tasks,),
                                  retries=1, retry_delay_seconds=5, dvc=Dvc(
-        deps=("data/orchestra/tasks.jsonl", *EMBEDDED_POOL_AND_PRICES, "evaluation/baselines.py", "models",
+        deps=("data/orchestra/tasks.jsonl", *ORCH_POOL_AND_PRICES, "evaluation/baselines.py", "models",
               "routerops/envs/qa.py", "routerops/rollout.py"),
         params=(*ORCH_RUN, "orchestra.baselines"),
         outs=("data/orchestra/baselines", uncached("reports/orchestra/baselines.csv"),
@@ -226,13 +231,13 @@ STAGES: dict[str, Stage] = {
     # The teacher calls live workers; a rerun resumes from its journal, so a retry never duplicates an episode.
     "orchestra-teacher": Stage(lambda: stages_orchestra_teacher().teacher, ORCH, lambda L: (L.orchestra_tasks,),
                                retries=1, retry_delay_seconds=5, dvc=Dvc(
-        deps=("data/orchestra/tasks.jsonl", *EMBEDDED_POOL_AND_PRICES, "routerops/orchestra"),
+        deps=("data/orchestra/tasks.jsonl", *ORCH_POOL_AND_PRICES, "routerops/orchestra"),
         params=(*ORCH_RUN, "orchestra.teacher"),
         outs=("data/orchestra/teacher/episodes.parquet", "data/orchestra/teacher/turns.parquet"))),
     # The LM controller's rollouts call live workers and resume from their journal: a retry never duplicates.
     "orchestra-probe": Stage(lambda: stages_orchestra_sft().probe, ORCH, lambda L: (L.orchestra_tasks,),
                              retries=1, retry_delay_seconds=5, dvc=Dvc(
-        deps=("data/orchestra/tasks.jsonl", *EMBEDDED_POOL_AND_PRICES, "models/orchestrator", "routerops/orchestra"),
+        deps=("data/orchestra/tasks.jsonl", *ORCH_POOL_AND_PRICES, "models/orchestrator", "routerops/orchestra"),
         params=(*ORCH_RUN, "orchestra.anonymize_workers", "orchestra.teacher.splits", "orchestra.evaluation",
                 "orchestra.model", "orchestra.controller"),
         outs=("data/orchestra/probe/episodes.parquet", "data/orchestra/probe/turns.parquet"))),
@@ -255,7 +260,7 @@ STAGES: dict[str, Stage] = {
     # redo the steps since that checkpoint with new samples, which is correct but costs their time twice).
     "orchestra-rl": Stage(lambda: stages_orchestra_rl().rl, ORCH, lambda L: (L.orchestra_rl_tasks, L.orchestra_adapter), dvc=Dvc(
         deps=("data/orchestra/tasks.jsonl", "data/orchestra/curriculum/rl_tasks.jsonl",
-              "data/orchestra/curriculum/sft.jsonl", "data/orchestra/sft/adapter", *EMBEDDED_POOL_AND_PRICES,
+              "data/orchestra/curriculum/sft.jsonl", "data/orchestra/sft/adapter", *ORCH_POOL_AND_PRICES,
               "models/orchestrator", "routerops/orchestra"),
         params=(*ORCH_RUN, *ORCH_LM, "orchestra.rl"),
         outs=("data/orchestra/rl/adapter", "data/orchestra/rl/rl_result.json", uncached("reports/orchestra/rl_curves.png")),
@@ -266,7 +271,7 @@ STAGES: dict[str, Stage] = {
                                 lambda L: (L.orchestra_tasks, L.orchestra_adapter, L.orchestra_rl_adapter,
                                            L.orchestra_baselines_table), retries=1, retry_delay_seconds=5, dvc=Dvc(
         deps=("data/orchestra/tasks.jsonl", "data/orchestra/sft/adapter", "data/orchestra/rl/adapter",
-              "reports/orchestra/baselines.csv", *EMBEDDED_POOL_AND_PRICES, "evaluation/orchestra_results.py",
+              "reports/orchestra/baselines.csv", *ORCH_POOL_AND_PRICES, "evaluation/orchestra_results.py",
               "models/orchestrator", "routerops/orchestra"),
         params=(*ORCH_RUN, *ORCH_LM, "orchestra.rl"),
         outs=("data/orchestra/eval/episodes.parquet", "data/orchestra/eval/turns.parquet",
@@ -274,7 +279,7 @@ STAGES: dict[str, Stage] = {
     "orchestra-register": Stage(lambda: stages_orchestra_register().register, ORCH,
                                 lambda L: (L.orchestra_tasks, L.orchestra_rl_adapter, L.orchestra_results), dvc=Dvc(
         deps=("data/orchestra/tasks.jsonl", "data/orchestra/rl/adapter", "reports/orchestra/results.csv",
-              *EMBEDDED_POOL_AND_PRICES),
+              *ORCH_POOL_AND_PRICES),
         params=(*ORCH_RUN, *ORCH_LM, "orchestra.gate"),
         outs=(uncached("reports/orchestra/registry.json"),))),
 

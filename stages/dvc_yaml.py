@@ -9,14 +9,47 @@ file, pipeline and stage, when a committed file is not what the declarations giv
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from routerops.errors import RouteropsError
+from routerops.errors import InputError, RouteropsError
+from routerops.files import read_yaml_mapping
 from stages.declarations import DVC_FILES, PIPELINES, STAGES, Dvc, dvc_stage_names
 
 INDENT = "  "
+REPO = Path(__file__).resolve().parents[1]
+SETTING = re.compile(r"^\$\{([\w.]+)\}$")  # a dependency named by a settings key: ${prices.collection}
+
+
+def setting(params: dict[str, Any], key: str, source: Path) -> str:
+    """The value of dotted `key` in the params mapping (checked by routerops.config.load_params)."""
+    node: Any = params
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise InputError(source, key, "missing: a dvc.yaml dependency is named by it (stages/declarations.py)")
+        node = node[part]
+    if not isinstance(node, str) or not node:
+        raise InputError(source, key, f"expected a file path, got {node!r}")
+    return node
+
+
+def resolved(dvc: Dvc, params: dict[str, Any], source: Path) -> Dvc:
+    """The entry with each `${key}` dependency replaced by the file the settings name."""
+    deps = tuple(setting(params, m.group(1), source) if (m := SETTING.match(d)) else d for d in dvc.deps)
+    return dataclasses.replace(dvc, deps=deps)
+
+
+def settings_of(root: Path) -> dict[str, Any]:
+    """params.yaml under `root`, checked by the settings' own loader, as the mapping the keys name."""
+    from routerops.config import load_params
+
+    path = root / "params.yaml"
+    load_params(path)
+    return read_yaml_mapping(path)
 
 
 def _entries(key: str, values, depth: int) -> list[str]:
@@ -50,8 +83,10 @@ def stage_lines(name: str, dvc: Dvc, wdir: str) -> list[str]:
     return lines
 
 
-def render(path: str) -> str:
-    """The text of dvc file `path` (relative to the repository root) from the declarations."""
+def render(path: str, root: Path = REPO) -> str:
+    """The text of dvc file `path` (relative to the repository root) from the declarations and the
+    settings of `root`'s params.yaml (the files its `${key}` dependencies name)."""
+    params = settings_of(root)
     spec = DVC_FILES[path]
     depth = len(Path(path).parts) - 1
     wdir = "/".join([".."] * depth)
@@ -62,7 +97,7 @@ def render(path: str) -> str:
         dvc = STAGES[name].dvc
         if dvc is None:
             raise ValueError(f"stage {name!r} of {path} has no DVC entry in stages/declarations.py")
-        lines += stage_lines(name, dvc, wdir)
+        lines += stage_lines(name, resolved(dvc, params, root / "params.yaml"), wdir)
     text = "\n".join(lines) + "\n"
     return text + ("\n" + spec.tail if spec.tail else "")
 
@@ -75,7 +110,7 @@ def differences(root: Path) -> list[str]:
     """One line per dvc file that is not what the declarations give, naming the pipeline and stage."""
     found = []
     for path in DVC_FILES:
-        target, want = root / path, render(path)
+        target, want = root / path, render(path, root)
         have = target.read_text() if target.exists() else None
         if have == want:
             continue
@@ -103,8 +138,9 @@ def write_all(root: Path) -> list[Path]:
     written = []
     for path in DVC_FILES:
         target = root / path
-        if not target.exists() or target.read_text() != render(path):
-            schema.write_text_atomic(render(path), target)
+        text = render(path, root)
+        if not target.exists() or target.read_text() != text:
+            schema.write_text_atomic(text, target)
             written.append(target)
     return written
 

@@ -28,14 +28,15 @@ from models.mtrouter.config import MTRouterConfig
 from models.mtrouter.router import MTRouter
 from models.mtrouter.targets import turn_targets
 from routerops import analyses, schema
-from routerops.config import Positive, Seeds, TrackConfig, Usd, load_pipeline_section
+from routerops.config import Positive, ScoreGate, Seeds, TrackConfig, Usd, load_pipeline_section
 from routerops.envs.scienceworld_env import ScienceWorldEnvironment, action_category, scienceworld_tasks
 from routerops.envs.suites import read_tasks, write_tasks
 from routerops.errors import InputError
 from routerops.layout import Layout, Trajectories
 from routerops.metrics import count_switches
 from routerops.policies import RandomMultiTurnPolicy, SinglePolicy
-from routerops.pricing import Pool, check_pool_priced, load_pool, load_price_book
+from routerops.market import Market, resolve_market
+from routerops.pricing import Pool, check_pool_priced
 from routerops.promotion import GateConfig, Outcomes
 from routerops.report import to_markdown
 from routerops.rollout import collect_sync
@@ -70,38 +71,42 @@ class MTRouterRun:
     # single-model episodes' task × model grid; one decision at turn 0, kept for the episode.
     episode_routers: list[str] = field(default_factory=lambda: ["knn", "logistic", "mf", "mlp"])
     score_bounds: list[float] = field(default_factory=lambda: [-100.0, 100.0])  # ScienceWorld's score range
-    estimator: dict = field(default_factory=dict)  # overrides of MTRouterConfig (paper defaults)
-    # Promotion gate of the register step (routerops/promotion.py): the seeds[0] router replaces the
-    # champion only if its mean ID-test episode score beats the champion's on the same tasks by more
-    # than `gate_min_improvement` (score units) at the lower end of a paired bootstrap interval.
-    gate_confidence: float = 0.95
-    gate_n_boot: Positive = 2000
-    gate_min_improvement: float = 0.0
+    # The estimator's hyper-parameters (MTRouterConfig, the paper's defaults), checked and typed once at load.
+    estimator: MTRouterConfig = field(default_factory=MTRouterConfig)
+    # Promotion gate of the register step: the seeds[0] router against the champion on the ID-test tasks.
+    gate: ScoreGate = field(default_factory=ScoreGate)
     track: TrackConfig = field(default_factory=TrackConfig)  # params.yaml's `track` section, not `mtrouter`
 
 
 def load_run(path: str | Path = "params.yaml") -> MTRouterRun:
-    return load_pipeline_section(MTRouterRun, path, "mtrouter")
+    """params.yaml's `mtrouter` section, the estimator's subsection included, typed and checked once."""
+    estimator = partial(MTRouterConfig.from_dict, source=f"{path} mtrouter.estimator")
+    return load_pipeline_section(MTRouterRun, path, "mtrouter", parsers={"estimator": estimator})
 
 
 def check_run(run: MTRouterRun) -> None:
-    """Fail before any work on what would fail later: the estimator overrides, an LLM-less pool, or a
-    pool worker without a price (an unpriced worker would make the budget B meaningless)."""
-    estimator_config(run)
+    """Fail before any work on what would fail later: an LLM-less pool, or a pool worker without a
+    price (an unpriced worker would make the budget B meaningless)."""
     pool = llm_pool(run)
     if not pool.workers:
         raise InputError(run.pool, "workers", "no LLM worker: ScienceWorld needs models that emit text actions")
-    check_pool_priced(pool, load_price_book(run.price_book), run.price_book)
+    check_pool_priced(pool, market(run).evaluation.book, run.price_book)
+
+
+def market(run: MTRouterRun) -> Market:
+    """The run's pool and its book (params.yaml `prices.evaluation`, which also enforces the budget B),
+    each read once per content (routerops/market.py); the paths are the layout's (`resolved`)."""
+    return resolve_market(run.pool, run.price_book)
 
 
 def llm_pool(run: MTRouterRun) -> Pool:
     """ScienceWorld takes one text action per turn: only LLM workers can act."""
-    pool = load_pool(run.pool)
+    pool = market(run).pool
     return Pool(name=pool.name, workers=tuple(w for w in pool.workers if w.kind == "llm"))
 
 
 def estimator_config(run: MTRouterRun, seed: int = 0) -> MTRouterConfig:
-    return MTRouterConfig.from_dict({**run.estimator, "seed": seed}, source="params.yaml mtrouter.estimator")
+    return run.estimator.replace(seed=seed)
 
 
 def resolved(run: MTRouterRun, layout: Layout) -> MTRouterRun:
@@ -112,7 +117,7 @@ def resolved(run: MTRouterRun, layout: Layout) -> MTRouterRun:
 def rollouts(run: MTRouterRun, tasks: list, policies: list, out_dir: Path, seed: int = 0):
     """Episodes of `policies` on `tasks` against the pool (the local server when the pool uses it);
     `out_dir` holds the resumable journal and the two tables."""
-    pool, book = llm_pool(run), load_price_book(run.price_book)
+    pool, book = llm_pool(run), market(run).evaluation.book
     with pool_endpoints(pool) as endpoints:
         workers = build_workers(pool, endpoints)
         return collect_sync(tasks, policies, env=ScienceWorldEnvironment(), workers=workers, book=book,
@@ -150,7 +155,7 @@ def read_training(train: Trajectories) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def fit_router(run: MTRouterRun, cfg: MTRouterConfig, episodes: pd.DataFrame, turns: pd.DataFrame, prompts):
-    return MTRouter(llm_pool(run), load_price_book(run.price_book), cfg).fit(episodes, turns, prompts)
+    return MTRouter(llm_pool(run), market(run).evaluation.book, cfg).fit(episodes, turns, prompts)
 
 
 def first_turn_prediction(router, task, worker: str) -> float:
@@ -334,8 +339,8 @@ def suite_name(tasks: list) -> str:
 def gate_config(run: MTRouterRun) -> GateConfig:
     """The paired gate on per-episode scores: "accuracy_at_budget" with no per-query budget is the mean
     score (the rollouts already enforced the per-episode budget B)."""
-    return GateConfig(objective="accuracy_at_budget", budget_usd=None, n_boot=run.gate_n_boot,
-                      confidence=run.gate_confidence, min_improvement=run.gate_min_improvement, seed=run.seeds[0])
+    return GateConfig(objective="accuracy_at_budget", budget_usd=None, n_boot=run.gate.n_boot,
+                      confidence=run.gate.confidence, min_improvement=run.gate.min_improvement, seed=run.seeds[0])
 
 
 def held_out_outcomes(episodes: pd.DataFrame) -> pd.DataFrame:

@@ -25,7 +25,7 @@ from routerops.envs.table_tasks import table_tasks
 from routerops.errors import InputError
 from routerops.layout import Layout, Trajectories
 from routerops.policies import SINGLE, behaviour_policies, policies_by_name
-from routerops.pricing import check_pool_priced, derive_costs, load_pool, load_price_book
+from routerops.pricing import derive_costs
 from routerops.report import breakdown_by_split, evaluate_policies, write_report
 from routerops.rollout import plan_episodes
 from routerops.validation import validate_trajectories, write_validation_report
@@ -72,9 +72,9 @@ PLACEMENT_KEYS = ("shards", "dask_address", "dask_workers")
 def collection_run_id(params: Params, layout: Layout, tasks: Path) -> str:
     """Same inputs → same run id → same episode ids, so a rerun resumes instead of duplicating."""
     h = hashlib.sha256()
-    pool_file = layout.resolve(params.pool.file)
-    replayed = replay_tables(load_pool(pool_file), layout.root).values()  # the answers replay endpoints give
-    for path in (tasks, pool_file, layout.resolve(params.collect.price_book), *replayed):
+    market = params.market(layout)
+    replayed = replay_tables(market.pool, layout.root).values()  # the answers replay endpoints give
+    for path in (tasks, market.pool_file, market.collection.file, *replayed):
         h.update(schema.file_sha256(path).encode())
     settings = {k: v for k, v in dataclasses.asdict(params.collect).items() if k not in PLACEMENT_KEYS}
     h.update(json.dumps(settings, sort_keys=True).encode())
@@ -121,8 +121,8 @@ def planned_parts(params: Params, pool, tasks: Path, run_id: str) -> dict[str, l
 def collect_shard(params: Params, layout: Layout, tasks: Path, job: ShardJob) -> int:
     """Collect one shard into its journal (routerops.shards); runs in whichever process is handed
     the job, rebuilding pool, workers and plan from the same files, and returns its episode count."""
-    cfg = params.collect
-    pool, book = load_pool(layout.resolve(params.pool.file)), load_price_book(layout.resolve(cfg.price_book))
+    cfg, market = params.collect, params.market(layout)
+    pool, book = market.pool, market.collection.book
     plan = planned_parts(params, pool, tasks, job.run_id)[job.label]
     workers = build_workers(pool, job.endpoints)
     return run_closing(shards.collect_shard(
@@ -142,10 +142,9 @@ def collect(params: Params, layout: Layout, tasks: Path,
             run_shards: Callable[..., None] = run_shards_here) -> Trajectories:
     """Run the collection plan against the pool, in `collect.shards` shards per part handed to
     `run_shards`; starts the pool's LLM servers (llama.cpp, replay endpoints) for as long as they run."""
-    cfg = params.collect
-    pool_file, book_file = layout.resolve(params.pool.file), layout.resolve(cfg.price_book)
-    pool, book = load_pool(pool_file), load_price_book(book_file)
-    check_pool_priced(pool, book, book_file)
+    cfg, market = params.collect, params.market(layout)
+    collection = market.priced("collection")
+    pool, pool_file, book_file, book = market.pool, market.pool_file, collection.file, collection.book
     check_pool_runnable(pool)  # before the LLM server starts: a pool whose tools cannot run fails now
     shards.check_shard_count(cfg.shards)
     run_id = collection_run_id(params, layout, tasks)
@@ -179,23 +178,22 @@ def reprice_tables(episodes: pd.DataFrame, turns: pd.DataFrame, book) -> tuple[p
 
 def reprice(params: Params, layout: Layout, raw: Trajectories) -> Trajectories:
     """Re-price the raw trajectories under the evaluation price book."""
-    pool_file, book_file = layout.resolve(params.pool.file), layout.resolve(params.reprice.price_book)
-    book = load_price_book(book_file)
-    check_pool_priced(load_pool(pool_file), book, book_file)
+    evaluation = params.market(layout).priced("evaluation")
+    book_file, book = evaluation.file, evaluation.book
     episodes, turns = reprice_tables(schema.read_table(raw.episodes, "episodes"),
                                      schema.read_table(raw.turns, "turns"), book)
     priced = layout.priced
     schema.write_table(episodes, priced.episodes, "episodes")
     schema.write_table(turns, priced.turns, "turns")
-    write_manifest(layout.manifests, "reprice", params.reprice, raw.paths() + [book_file], priced.paths(),
+    write_manifest(layout.manifests, "reprice", {"price_book": str(params.prices.evaluation)}, raw.paths() + [book_file], priced.paths(),
                    {"usd_total": float(episodes.cost_usd.sum())})
     return priced
 
 
 def validate(params: Params, layout: Layout, priced: Trajectories) -> Path:
     """Great-expectations checks on the priced tables; raises when any expectation fails."""
-    pool = load_pool(layout.resolve(params.pool.file))
-    book = load_price_book(layout.resolve(params.reprice.price_book))
+    market = params.market(layout)
+    pool, book = market.pool, market.evaluation.book
     episodes = schema.read_table(priced.episodes, "episodes")
     turns = schema.read_table(priced.turns, "turns")
     report = validate_trajectories(episodes, turns, pool, book)

@@ -18,6 +18,7 @@ from routerops import schema
 from routerops.config import Params
 from routerops.envs.replay import import_routellm_gsm8k, load_logged_outcomes, write_logged_outcomes
 from routerops.layout import Layout
+from routerops.market import resolve_book
 from routerops.report import plot_router_curves, to_markdown
 from stages.manifest import hash_files, write_manifest
 
@@ -49,9 +50,10 @@ def up_to_date(manifest: Path, inputs: list[Path], output: Path) -> bool:
 
 def replay(params: Params, layout: Layout, outcomes: Path) -> dict[str, Path]:
     cfg = params.replay
-    sources = [outcomes, layout.resolve(cfg.price_book)]
+    book = resolve_book(layout.resolve(params.prices.replay))
+    sources = [outcomes, book.file]
     table = load_logged_outcomes(outcomes)
-    board = run_replay_benchmark(table, sources[1], list(cfg.routers), k=cfg.k, seeds=list(cfg.seeds),
+    board = run_replay_benchmark(table, book.book, list(cfg.routers), k=cfg.k, seeds=list(cfg.seeds),
                                  n_boot=cfg.bootstrap)
     out = layout.replay_dir
     out.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,8 @@ from routerops.envs.qa import QAEnvironment
 from routerops.envs.suites import read_tasks
 from routerops.layout import Layout, Trajectories
 from routerops.policies import SINGLE, policies_by_name
-from routerops.pricing import check_pool_priced, load_pool, load_price_book
+from routerops.market import resolve_book
+from routerops.pricing import check_pool_priced, load_pool
 from routerops.publishing import POOL, PRICES, copy_atomic, pool_changes, versions, worker_signature
 from routerops.publishing import in_force as file_in_force
 from routerops.rollout import JOURNAL_NAME, append_journal, collect_sync, plan_episodes, read_journal
@@ -71,7 +72,7 @@ class InForce:
 def in_force(params: Params, repo: Layout, trigger: str = "manual") -> InForce:
     """The published price book and pool in force (params.yaml's files when nothing was published)."""
     store = repo.resolve(params.ops.publish_dir)
-    book_file = file_in_force(store, PRICES, repo.resolve(params.reprice.price_book)).resolve()
+    book_file = file_in_force(store, PRICES, repo.resolve(params.prices.evaluation)).resolve()
     pool_file = file_in_force(store, POOL, repo.resolve(params.pool.file)).resolve()
     found = versions(book_file, pool_file)
     return InForce(book_file, found["price_book_version"], pool_file, found["pool_version"], trigger,
@@ -82,7 +83,7 @@ def retrain_setup(params: Params, repo: Layout, now: InForce) -> tuple[Params, L
     """params.yaml with the pool and price book in force, and the retrain workspace's Layout."""
     params = dataclasses.replace(
         params, pool=dataclasses.replace(params.pool, file=str(now.pool)),
-        reprice=dataclasses.replace(params.reprice, price_book=str(now.price_book)),
+        prices=dataclasses.replace(params.prices, evaluation=str(now.price_book)),
         # The reference answers materialise reads stay the repository's file.
         materialise=dataclasses.replace(params.materialise, answers=str(repo.resolve(params.materialise.answers))))
     return params, Layout(repo.resolve(params.ops.workspace))
@@ -152,11 +153,11 @@ def logged_entries(params: Params, now: InForce, tasks: list) -> tuple[dict, Pat
     repo = Layout(now.repo) if now.repo else None
     if repo is None or not all(p.is_file() for p in (repo.raw.episodes, repo.raw.turns, repo.tasks)):
         return {}, None
-    book_file = repo.resolve(params.collect.price_book)
+    book_file = repo.resolve(params.prices.collection)
     episodes = schema.read_table(repo.raw.episodes, "episodes")
     episodes = episodes[episodes.policy.str.startswith(f"{SINGLE}/")]
     if episodes.empty or not book_file.is_file() \
-            or set(episodes.price_book_version) != {load_price_book(book_file).version}:
+            or set(episodes.price_book_version) != {resolve_book(book_file).version}:
         return {}, None
     logged_tasks = {t.task_id: t for t in read_tasks(repo.tasks)}
     same = {t.task_id for t in tasks if logged_tasks.get(t.task_id) == t}  # the same task, not only its id
@@ -209,7 +210,7 @@ def seed_grid(params: Params, parts: list[WorkerPart], tasks: list,
     seeded: dict[str, int] = {}
     for part in wanting if logged else []:
         kept = part.folder / COLLECTION_BOOK
-        if kept.is_file() and load_price_book(kept).version != load_price_book(main_book).version:
+        if kept.is_file() and resolve_book(kept).version != resolve_book(main_book).version:
             continue
         if not kept.is_file():
             copy_atomic(main_book, kept)  # the book the main run's budgets were enforced under
@@ -241,7 +242,7 @@ def collect_grid(params: Params, layout: Layout, tasks: Path, now: InForce) -> T
     with pool_endpoints(needed, n_ctx=cfg.server_ctx, n_threads=cfg.server_threads) as endpoints:
         for part in parts:
             book_file = collection_book(part, now)
-            book = load_price_book(book_file)
+            book = resolve_book(book_file).book
             one = dataclasses.replace(pool, workers=(pool.worker(part.name),))
             check_pool_priced(one, book, book_file)
             workers = build_workers(one, endpoints) if part.missing else {}  # nothing to run: no client at all

@@ -29,8 +29,6 @@ from routerops.envs.replay import load_logged_outcomes, write_logged_outcomes
 from routerops.envs.suites import read_tasks
 from routerops.grid import logged_outcomes_from_trajectories
 from routerops.layout import Layout, Trajectories
-from routerops.pricing import load_price_book
-from routerops.publishing import versions
 from routerops.promotion import GateConfig
 from routerops.report import plot_router_curves, to_markdown
 from stages.manifest import write_manifest
@@ -57,9 +55,8 @@ def grid_split(table: pd.DataFrame, split: str | list[str], source: Path, book, 
 
 def routers(params: Params, layout: Layout, grid_path: Path) -> dict[str, Path]:
     """Leaderboards of every configured router, fitted on train, on each evaluation split apart."""
-    cfg = params.routers
-    book_file = layout.resolve(params.reprice.price_book)
-    book, encoder = load_price_book(book_file), default_encoder()
+    cfg, evaluation = params.routers, params.market(layout).evaluation
+    book_file, book, encoder = evaluation.file, evaluation.book, default_encoder()
     table = load_logged_outcomes(grid_path)
     train = grid_split(table, TRAIN, grid_path, book, encoder)
     boards = []
@@ -109,7 +106,7 @@ def without_attrs(frame: pd.DataFrame) -> pd.DataFrame:
 def inputs_in_force(params: Params, layout: Layout) -> dict[str, str]:
     """The price book and pool versions a register step judged under: recorded on the registered
     version and in the promotion decision, so every champion says which prices and pool chose it."""
-    return versions(layout.resolve(params.reprice.price_book), layout.resolve(params.pool.file))
+    return params.market(layout).versions()
 
 
 def choose_family(train: RoutingData, candidates: list[str], k: int, seed: int) -> tuple[str, pd.DataFrame]:
@@ -124,9 +121,8 @@ def choose_family(train: RoutingData, candidates: list[str], k: int, seed: int) 
 def register(params: Params, layout: Layout, grid_path: Path, router_report: dict[str, Path]) -> Path:
     """Fit the chosen family on train, register it, and let the promotion gate judge it on val.
     `router_report` orders this stage after the leaderboards it is shown beside."""
-    cfg = params.register
-    book_file = layout.resolve(params.reprice.price_book)
-    book, encoder = load_price_book(book_file), default_encoder()
+    cfg, market = params.register, params.market(layout)
+    book_file, book, encoder = market.evaluation.file, market.evaluation.book, default_encoder()
     table = load_logged_outcomes(grid_path)
     train = grid_split(table, TRAIN, grid_path, book, encoder)
     gate_data = grid_split(table, GATE, grid_path, book, encoder)
@@ -138,7 +134,7 @@ def register(params: Params, layout: Layout, grid_path: Path, router_report: dic
     use_tracking(params.track)
     hashes = {"grid_sha256": schema.file_sha256(grid_path), "train_queries": str(len(train)),
               **inputs_in_force(params, layout)}
-    in_force = [book_file, layout.resolve(params.pool.file)]
+    in_force = [book_file, market.pool_file]
     registered, decision = register_and_promote(served, judge(served, "candidate"), judge, gate, data_hashes=hashes,
                                                 training_inputs=[grid_path, *in_force],
                                                 gate_inputs=[grid_path, *in_force])

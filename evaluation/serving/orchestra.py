@@ -33,7 +33,8 @@ from models.orchestrator.engines import load_controller_engine
 from routerops.errors import InputError
 from routerops.orchestra.executor import ExecutorConfig, opening, worker_labels
 from routerops.orchestra.grammar import FinalAnswer, GrammarError, TurnContext, parse_turn
-from routerops.pricing import Pool, PriceBook, load_pool, load_price_book
+from routerops.market import resolve_book, resolve_pool
+from routerops.pricing import Pool, PriceBook
 
 REGISTERED_NAME = "orchestrator"
 TASK_COLUMN = "task"
@@ -69,7 +70,7 @@ class ServedOrchestrator:
                    book_file: Path, limits: Episodes, cache_root: Path | None = None) -> "ServedOrchestrator":
         # The decoder the evaluation used (settings.engine): what was judged is what is served.
         controller = load_controller_engine(spec, settings, adapter, cache_root, name=REGISTERED_NAME, version="served")
-        return cls(controller, spec, adapter, load_pool(pool_file), load_price_book(book_file), pool_file,
+        return cls(controller, spec, adapter, resolve_pool(pool_file), resolve_book(book_file).book, pool_file,
                    book_file, limits)
 
     # ---- the Servable contract

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from routerops.config import section_from_mapping
+from routerops.config import load_prices, reject_shared_keys, section_from_mapping
 from routerops.errors import InputError
 from routerops.files import read_yaml_mapping
 
@@ -117,7 +117,7 @@ class CritiqueConfig:
     table: str = "datasets/routellm/gsm8k_responses.csv"  # RouteLLM's logged outcomes (Apache-2.0)
     contaminated: str = "datasets/routellm/gsm8k_contaminated_prompts.jsonl"
     fewshot: str = "datasets/gsm8k/train_first8.jsonl"  # RouteLLM's 8-shot prompt, for token estimates
-    price_book: str = "configs/prices/routellm-2024.yaml"
+    price_book: str = "configs/prices/routellm-2024.yaml"  # the top-level prices.replay (not a key here)
     k: int = 5  # cross-fit folds: every reported query is scored by a controller that never trained on it
     seeds: tuple = (0,)  # one controller per (seed, fold); the folds are evaluation.replay's for the seed
     baselines: tuple = ("random", "logistic", "cascade")  # single-turn routers on the same folds
@@ -154,7 +154,10 @@ def critique_config(raw: Mapping[str, Any] | None, source: str = "params.yaml") 
 
 
 def load_critique_config(path: str | Path = "params.yaml") -> CritiqueConfig:
-    return critique_config(read_yaml_mapping(path).get(SECTION), source=str(path))
+    """The `critique` section, priced by the top-level `prices.replay` book."""
+    raw = read_yaml_mapping(path).get(SECTION)
+    reject_shared_keys(raw, path, SECTION)
+    return dataclasses.replace(critique_config(raw, source=str(path)), price_book=load_prices(path).replay)
 
 
 def with_overrides(config: CritiqueConfig, **sections: Mapping[str, Any]) -> CritiqueConfig:

@@ -18,7 +18,7 @@ from typing import Any
 from models.critique.lm_prompts import TEMPLATES
 from models.orchestrator.config import GenerationSettings, ModelSpec, SFTSettings
 from models.orchestrator.rl import RLSettings
-from routerops.config import section_from_mapping
+from routerops.config import load_prices, reject_shared_keys, section_from_mapping
 from routerops.errors import InputError
 from routerops.files import read_yaml_mapping
 
@@ -215,22 +215,22 @@ class CritiqueLMConfig:
     table: str = "datasets/routellm/gsm8k_responses.csv"
     contaminated: str = "datasets/routellm/gsm8k_contaminated_prompts.jsonl"
     fewshot: str = "datasets/gsm8k/train_first8.jsonl"
-    price_book: str = "configs/prices/routellm-2024.yaml"
+    price_book: str = "configs/prices/routellm-2024.yaml"  # the top-level prices.replay (not a key here)
     model: ModelSpec = field(default_factory=ModelSpec)
     # How the controller decodes (orchestra.controller's keys). max_new_tokens caps a whole turn, the
     # <thinking>/<checking> text and the tags: a turn cut there is malformed (no closing tag). CPU cut:
     # 64; the paper: 2,048 (Table 9). 48 cut one warm-up rejection in ten (lm_train.fitted_verification).
     # temperature is set per use: rl.temperature for rollouts, 0 to evaluate.
-    generation: GenerationSettings = field(default_factory=lambda: GenerationSettings(max_new_tokens=64, batch_size=8))
+    # params.yaml's critique_lm.generation holds the CPU cut (64 tokens, batch 8): one default per key, in code.
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
     prompts: PromptSettings = field(default_factory=PromptSettings)
     rewards: RewardSettings = field(default_factory=RewardSettings)
     tree: TreeSettings = field(default_factory=TreeSettings)
     # The shared RL core's settings (orchestra.rl's keys): LoRA, clip ε, KL β, learning rate, device.
-    # temperature 0.7 (paper 1.0, Table 9): SmolLM2-135M sampled at 1.0 wrote garbage inside the tags.
-    rl: RLSettings = field(default_factory=lambda: RLSettings(learning_rate=2e-4, temperature=0.7,
-                                                                max_seq_len=512, save_steps=1000))
-    sft: SFTSettings = field(default_factory=lambda: SFTSettings(max_steps=12, learning_rate=2e-3, max_seq_len=512, batch_size=4,
-                                                                 warmup_steps=0, save_steps=1000, epochs=1.0))
+    # The CPU values (learning rate 2e-4, temperature 0.7, ...) are params.yaml's critique_lm.rl / .sft, the
+    # paper's configs/paper/critique.yaml's: each default lives once, in RLSettings / SFTSettings.
+    rl: RLSettings = field(default_factory=RLSettings)
+    sft: SFTSettings = field(default_factory=SFTSettings)
     corl: CorlLMSettings = field(default_factory=CorlLMSettings)
     protocol: ProtocolSettings = field(default_factory=ProtocolSettings)
     source: str = SECTION  # the file it came from (not a params key)
@@ -243,7 +243,7 @@ NESTED = {"model": ModelSpec, "generation": GenerationSettings, "prompts": Promp
 
 def critique_lm_config(raw: Mapping[str, Any] | None, source: str = "params.yaml") -> CritiqueLMConfig:
     """CritiqueLMConfig from the `critique_lm` mapping: unknown keys and wrong types raise InputError.
-    A nested section given in part keeps this module's CPU defaults for the keys it leaves out."""
+    A nested section given in part keeps its class's defaults for the keys it leaves out (params.yaml holds the CPU values)."""
     raw = {} if raw is None else raw
     if not isinstance(raw, Mapping):
         raise InputError(source, SECTION, "expected a mapping")
@@ -262,4 +262,7 @@ def critique_lm_config(raw: Mapping[str, Any] | None, source: str = "params.yaml
 
 
 def load_critique_lm_config(path: str | Path = "params.yaml") -> CritiqueLMConfig:
-    return critique_lm_config(read_yaml_mapping(path).get(SECTION), source=str(path))
+    """The `critique_lm` section, priced by the top-level `prices.replay` book."""
+    raw = read_yaml_mapping(path).get(SECTION)
+    reject_shared_keys(raw, path, SECTION)
+    return dataclasses.replace(critique_lm_config(raw, source=str(path)), price_book=load_prices(path).replay)

@@ -44,7 +44,6 @@ ESTIMATORS = ("grpo", "tree_grpo", "mt_grpo", "gigpo", "agentic_grpo")
 REWARDS = ("app_b", "eq5")  # B.1 or §4.1 eq. 5
 TURN_RETURNS = ("b10", "eq6")  # Agentic-GRPO's turn credit: B.10–B.12 or §4.2 eq. 6
 SCHEMA_BONUS_CAP = 0.10  # §4.1 eq. 5: S(τ) ∈ [0, 0.10] "keeps the verifier dominant"
-CONFIG_SECTION = "orchestra.rl"
 
 
 class InvalidSetting(ValueError):
@@ -144,13 +143,14 @@ def setting_problem(config: AdvantageConfig) -> tuple[str, str] | None:
     return None
 
 
-def advantage_config(raw: Mapping[str, Any] | None, source: str) -> AdvantageConfig:
-    """AdvantageConfig from the `orchestra.rl` mapping of file `source`: unknown keys, values of the
-    wrong type and values out of range raise InputError naming `orchestra.rl.<key>`."""
+def advantage_config(raw: Mapping[str, Any] | None, source: str, where: str = "rl") -> AdvantageConfig:
+    """AdvantageConfig from the RL mapping at `where` (the caller's section, e.g. "orchestra.rl") of file
+    `source`: unknown keys, values of the wrong type and values out of range raise InputError naming
+    `<where>.<key>`."""
     try:
-        return section_from_mapping(AdvantageConfig, raw, source, CONFIG_SECTION)
+        return section_from_mapping(AdvantageConfig, raw, source, where)
     except InvalidSetting as exc:
-        raise InputError(source, f"{CONFIG_SECTION}.{exc.key}", exc.problem) from exc
+        raise InputError(source, f"{where}.{exc.key}", exc.problem) from exc
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -6,12 +6,10 @@ paper's scale (App. E). Every section rejects unknown keys, so a typo never fall
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 from routerops.config import section_from_mapping
 from routerops.errors import InputError, RouteropsError
-from routerops.files import read_yaml_mapping
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda", "auto")
@@ -166,13 +164,3 @@ def orchestra_config(raw: Mapping[str, Any] | None, source: str = "orchestra") -
     values = {name: section_from_mapping(cls, raw.get(name), source, f"orchestra.{name}")
               for name, cls in sections.items()}
     return OrchestraConfig(**values, source=source)
-
-
-def load_orchestra_config(path: str | Path = "params.yaml") -> OrchestraConfig:
-    """The `orchestra` section of a params file (params.yaml, configs/paper/orchestra.yaml)."""
-    path = Path(path)
-    raw = read_yaml_mapping(path)
-    section = raw.get("orchestra") or {}
-    if not isinstance(section, dict):
-        raise InputError(path, "orchestra", "expected a mapping")
-    return orchestra_config({k: v for k, v in section.items() if k in LM_SECTIONS}, source=str(path))

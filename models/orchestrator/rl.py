@@ -59,13 +59,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.orchestrator.advantages import (CONFIG_SECTION, AdvantageConfig, advantage_config,
+from models.orchestrator.advantages import (AdvantageConfig, advantage_config,
                                             masked_token_advantages)
 from models.orchestrator.config import DEVICES, DTYPES, LLAMA_LINEAR_MODULES, section_from_mapping
 from models.orchestrator.lm import load_causal_lm, load_tokenizer, resolve_device, seeded
 from models.orchestrator.sft_data import tokenize_conversation
 from routerops.errors import InputError, RouteropsError
-from routerops.files import read_yaml_mapping
 from routerops.orchestra.controller import ControllerTurn, Message
 
 log = logging.getLogger(__name__)
@@ -155,7 +154,7 @@ class RLSettings:
     device: str = "cpu"  # cpu | cuda | auto; "cuda" on a machine without one is refused
     dtype: str = "float32"  # the base weights' dtype once loaded (orchestra.model.dtype)
 
-    def validate(self, source: str, where: str = CONFIG_SECTION) -> None:
+    def validate(self, source: str, where: str = "rl") -> None:
         for name in ("learning_rate", "temperature", "max_steps", "save_steps", "max_seq_len", "lora_r",
                      "lora_alpha", "max_grad_norm"):
             if not getattr(self, name) > 0:  # NaN fails too
@@ -198,40 +197,30 @@ class RLConfig:
 
     settings: RLSettings = field(default_factory=RLSettings)
     advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
-    source: str = CONFIG_SECTION  # the file it came from, for error messages
+    source: str = ""  # the file it came from, for error messages
 
     @property
     def group_size(self) -> int:
         return self.advantages.group_size
 
 
-def rl_config(raw: Mapping[str, Any] | None, source: str = CONFIG_SECTION) -> RLConfig:
-    """RLConfig from the `orchestra.rl` mapping of file `source`. Estimator keys go to AdvantageConfig,
-    the others to RLSettings; an unknown key, a wrong type or a value out of range raises InputError
-    naming `orchestra.rl.<key>`."""
+def rl_config(raw: Mapping[str, Any] | None, source: str = "", where: str = "rl") -> RLConfig:
+    """RLConfig from the RL mapping at `where` (the caller's section: "orchestra.rl") of file `source`.
+    Estimator keys go to AdvantageConfig, the others to RLSettings; an unknown key, a wrong type or a
+    value out of range raises InputError naming `<where>.<key>`."""
     raw = {} if raw is None else raw
     if not isinstance(raw, Mapping):
-        raise InputError(source, CONFIG_SECTION, "expected a mapping")
+        raise InputError(source, where, "expected a mapping")
     unknown = sorted(set(raw) - ADVANTAGE_KEYS - SETTING_KEYS)
     if unknown:
-        raise InputError(source, f"{CONFIG_SECTION}.{unknown[0]}", "unknown key")
-    advantages = advantage_config({k: v for k, v in raw.items() if k in ADVANTAGE_KEYS}, source)
+        raise InputError(source, f"{where}.{unknown[0]}", "unknown key")
+    advantages = advantage_config({k: v for k, v in raw.items() if k in ADVANTAGE_KEYS}, source, where)
     settings = section_from_mapping(RLSettings, {k: v for k, v in raw.items() if k in SETTING_KEYS}, source,
-                                    CONFIG_SECTION)
+                                    where)
     if advantages.estimator == "tree_grpo" and advantages.group_size % settings.tree_branches:
-        raise InputError(source, f"{CONFIG_SECTION}.tree_branches", f"G = {advantages.group_size} leaves must split "
+        raise InputError(source, f"{where}.tree_branches", f"G = {advantages.group_size} leaves must split "
                                                                     f"evenly into {settings.tree_branches} branches")
     return RLConfig(settings, advantages, source)
-
-
-def load_rl_config(path: str | Path = "params.yaml") -> RLConfig:
-    """The `orchestra.rl` section of a params file (absent: the defaults)."""
-    path = Path(path)
-    raw = read_yaml_mapping(path)
-    orchestra = raw.get("orchestra") or {}
-    if not isinstance(orchestra, dict):
-        raise InputError(path, "orchestra", "expected a mapping")
-    return rl_config(orchestra.get("rl"), str(path))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -629,7 +618,7 @@ class RLTrainer:
               policy_adapter: Path | None = None, step: int = 0) -> "RLTrainer":
         from peft import PeftModel, get_peft_model
 
-        device = resolve_device(settings.device, CONFIG_SECTION)
+        device = resolve_device(settings.device, "rl settings")
         base = load_causal_lm(base_folder, settings.dtype, device)
         start = policy_adapter or sft_adapter
         if start is not None:

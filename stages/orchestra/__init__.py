@@ -21,7 +21,7 @@ benchmarks import is re-exported here, except the stage functions named like the
 from __future__ import annotations
 
 from stages.orchestra.config import (  # noqa: F401
-    CONTROLLER_NAME, OrchestraTasks, OrchestraBaselines, OrchestraTeacher, OrchestraEvaluation, OrchestraGate, OrchestraRun, load_run, check_run, check_teacher, lm_config,
+    CONTROLLER_NAME, OrchestraTasks, OrchestraBaselines, OrchestraTeacher, OrchestraEvaluation, OrchestraRun, load_run, check_run, check_teacher, lm_config,
 )
 from stages.orchestra.workers import (  # noqa: F401
     workers_with_servers, close_workers, load_controller, rollout_run_id, controller_rollouts, worker_cache, tasks_of, run_inputs,

@@ -7,13 +7,13 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from models.orchestrator.config import OrchestraConfig, orchestra_config
+from models.orchestrator.config import GenerationSettings, ModelSpec, OrchestraConfig, SFTSettings, orchestra_config
 from models.orchestrator.lm import resolve_device
-from models.orchestrator.rl import rl_config
-from routerops.config import Positive, Seeds, TrackConfig, Usd, load_pipeline_section
+from models.orchestrator.rl import RLConfig, rl_config
+from routerops.config import Positive, ScoreGate, Seeds, TrackConfig, Usd, load_pipeline_section
 from routerops.errors import InputError
 from routerops.layout import Layout
-from routerops.pricing import check_pool_priced, load_pool, load_price_book
+from routerops.market import Market, resolve_market
 from routerops.workers import check_pool_runnable
 from routerops.workers.llm import api_key_for
 
@@ -88,17 +88,6 @@ class OrchestraEvaluation:
 
 
 @dataclass(frozen=True)
-class OrchestraGate:
-    """The promotion gate of the register stage (routerops/promotion.py): the new controller takes the
-    `champion` alias only if its mean val episode score beats the champion's, rolled out on the same
-    val tasks, by more than `min_improvement` at the lower end of a paired bootstrap interval."""
-
-    confidence: float = 0.95
-    n_boot: int = 2000
-    min_improvement: float = 0.0
-
-
-@dataclass(frozen=True)
 class OrchestraRun:
     """params.yaml → orchestra."""
 
@@ -113,12 +102,14 @@ class OrchestraRun:
     baselines: OrchestraBaselines = field(default_factory=OrchestraBaselines)
     teacher: OrchestraTeacher = field(default_factory=OrchestraTeacher)
     evaluation: OrchestraEvaluation = field(default_factory=OrchestraEvaluation)
-    gate: OrchestraGate = field(default_factory=OrchestraGate)
-    # The language-model controller's sections, typed by models/orchestrator/config.py (lm_config).
-    model: dict = field(default_factory=dict)
-    controller: dict = field(default_factory=dict)
-    sft: dict = field(default_factory=dict)
-    rl: dict = field(default_factory=dict)  # orchestra.rl: models/orchestrator/rl.py rl_config (estimator + update)
+    gate: ScoreGate = field(default_factory=ScoreGate)  # orchestra-register's gate, on the val tasks
+    # The language-model controller's sections (models/orchestrator/config.py), checked and typed once
+    # when the run is loaded (load_run): every stage reads these objects, none parses the section again.
+    model: ModelSpec = field(default_factory=ModelSpec)
+    controller: GenerationSettings = field(default_factory=GenerationSettings)
+    sft: SFTSettings = field(default_factory=SFTSettings)
+    # orchestra.rl: the update's settings and the advantage estimator's (models/orchestrator/rl.py RLConfig).
+    rl: RLConfig = field(default_factory=RLConfig)
     # 004 §5's blind-worker protocol: the LM controller sees the pool's LLM workers only as Worker1..K,
     # the mapping to the real workers drawn anew per episode (Executor's worker_labels), in RL and in
     # its own rollouts (probe, evaluation, gate) so that it is judged on what it was trained on. Tools
@@ -130,21 +121,31 @@ class OrchestraRun:
     worker_cache: bool = True
     track: TrackConfig = field(default_factory=TrackConfig)  # params.yaml's `track` section, not `orchestra`
 
+    def market(self, layout: Layout) -> Market:
+        """The run's pool and its book (params.yaml `prices.evaluation`, which also enforces the budgets)
+        under the layout's root, each read once per content (routerops/market.py)."""
+        return resolve_market(layout.resolve(self.pool), layout.resolve(self.price_book))
+
+
+def lm_sections(path: str | Path) -> dict:
+    """The controller's sections, each parsed by its own checker (ranges and choices included)."""
+    return {"model": lambda raw: orchestra_config({"model": raw}, str(path)).model,
+            "controller": lambda raw: orchestra_config({"controller": raw}, str(path)).controller,
+            "sft": lambda raw: orchestra_config({"sft": raw}, str(path)).sft,
+            "rl": lambda raw: rl_config(raw, str(path), "orchestra.rl")}
+
 
 def load_run(path: str | Path = "params.yaml") -> OrchestraRun:
-    run = load_pipeline_section(OrchestraRun, path, "orchestra")
-    lm_config(run, path)  # the LM sections are checked at load too, before any stage runs
-    rl_config(run.rl, str(path))
-    return run
+    """params.yaml's `orchestra` section, every part of it typed and checked once, before any stage runs."""
+    return load_pipeline_section(OrchestraRun, path, "orchestra", parsers=lm_sections(path))
 
 
 def check_run(run: OrchestraRun, layout: Layout, params: Path) -> None:
     """Fail before any work on what would fail later: a pool or price book that does not load (the
     paper config's prices are left empty until filled in), an unpriced worker or controller, a teacher
     that is not in the pool, an endpoint key missing from the environment, a device this machine lacks."""
-    pool_file, book_file = layout.resolve(run.pool), layout.resolve(run.price_book)
-    pool, book = load_pool(pool_file), load_price_book(book_file)
-    check_pool_priced(pool, book, book_file)
+    market = run.market(layout)
+    pool, pool_file, book_file, book = market.pool, market.pool_file, market.evaluation_file, market.priced().book
     if CONTROLLER_NAME not in book.prices:
         raise InputError(book_file, f"prices.{CONTROLLER_NAME}", "the LM controller's turns need a price "
                                                                  "(0 for a self-hosted one)")
@@ -153,10 +154,9 @@ def check_run(run: OrchestraRun, layout: Layout, params: Path) -> None:
     for spec in pool.workers:
         if spec.kind == "llm":
             api_key_for(spec)  # a RouteropsError naming the missing variable
-    lm = lm_config(run, params)
-    resolve_device(lm.controller.device, f"{params}: orchestra.controller")
-    resolve_device(lm.sft.device, f"{params}: orchestra.sft")
-    resolve_device(rl_config(run.rl, str(params)).settings.device, f"{params}: orchestra.rl")
+    resolve_device(run.controller.device, f"{params}: orchestra.controller")
+    resolve_device(run.sft.device, f"{params}: orchestra.sft")
+    resolve_device(run.rl.settings.device, f"{params}: orchestra.rl")
 
 
 def check_teacher(cfg: OrchestraTeacher, pool, pool_file: Path, params: Path) -> None:
@@ -172,5 +172,6 @@ def check_teacher(cfg: OrchestraTeacher, pool, pool_file: Path, params: Path) ->
 
 
 def lm_config(run: OrchestraRun, source: str | Path = "params.yaml") -> OrchestraConfig:
-    """The controller model, decoding and SFT settings of the run."""
-    return orchestra_config({"model": run.model, "controller": run.controller, "sft": run.sft}, source=str(source))
+    """The controller model, decoding and SFT settings of the run, as the SFT trainer takes them
+    (`source`: the params file, named in its errors)."""
+    return OrchestraConfig(run.model, run.controller, run.sft, source=str(source))

@@ -16,7 +16,7 @@ from routerops.envs.replay import load_logged_outcomes, write_logged_outcomes
 from routerops.envs.suites import read_tasks
 from routerops.grid import logged_outcomes_from_trajectories
 from routerops.layout import Layout
-from routerops.pricing import check_pool_priced, load_pool, load_price_book
+from routerops.pricing import check_pool_priced
 from routerops.workers import check_pool_runnable
 from stages.manifest import write_manifest
 from stages.pipeline import write_suites
@@ -35,8 +35,8 @@ def baselines(run: OrchestraRun, layout: Layout, tasks: Path) -> Path:
     single workers and the random router rolled out through the real workers; the best single-turn
     router and MTRouter fitted on the train grid, their operating point chosen on val."""
     cfg = run.baselines
-    pool_file, book_file = layout.resolve(run.pool), layout.resolve(run.price_book)
-    pool, book, task_list = load_pool(pool_file), load_price_book(book_file), read_tasks(tasks)
+    market, task_list = run.market(layout), read_tasks(tasks)
+    pool, pool_file, book_file, book = market.pool, market.pool_file, market.evaluation_file, market.evaluation.book
     check_router_names(cfg.routers)
     check_one_flat_primitive(pool, pool_file)
     check_pool_priced(pool, book, book_file)

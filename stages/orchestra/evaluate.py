@@ -8,12 +8,10 @@ from pathlib import Path
 import pandas as pd
 
 from evaluation.orchestra_results import controller_rows, results_table, write_results_report
-from models.orchestrator.rl import rl_config
 from routerops.envs.suites import read_tasks
 from routerops.layout import Layout
-from routerops.pricing import load_price_book
 from stages.manifest import write_manifest
-from stages.orchestra.config import OrchestraRun, lm_config
+from stages.orchestra.config import OrchestraRun
 from stages.orchestra.workers import load_controller, rollout_run_id, controller_rollouts, tasks_of, run_inputs
 
 log = logging.getLogger(__name__)
@@ -39,10 +37,10 @@ def evaluate(run: OrchestraRun, layout: Layout, tasks: Path, adapter: Path, rl_a
     episodes, turns = controller_rollouts(run, layout, batches, out.folder)
     reported = ["test", "ood"]
     table = results_table(controller_rows(episodes, turns, EVAL_SPLITS), pd.read_csv(baselines_table), reported)
-    book = load_price_book(layout.resolve(run.price_book))
-    notes = [f"orchestrator-base is π(0), the untrained {lm_config(run).model.name}; orchestrator-sft adds the LoRA "
+    book = run.market(layout).evaluation.book
+    notes = [f"orchestrator-base is π(0), the untrained {run.model.name}; orchestrator-sft adds the LoRA "
              "adapter of the SFT stage (trained on D_SFT, train tasks only); orchestrator-rl continues it with "
-             f"{rl_config(run.rl).advantages.estimator} on train-task rollouts (orchestra-rl).",
+             f"{run.rl.advantages.estimator} on train-task rollouts (orchestra-rl).",
              "valid_turn_rate: controller turns the strict grammar parser accepted; "
              + ("a malformed turn ends its episode." if run.evaluation.end_on_malformed
                 else "a malformed turn is answered with an <error> block and retried within Tmax."),

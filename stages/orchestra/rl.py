@@ -14,13 +14,11 @@ from evaluation.orchestra_results import plot_rl_curves, success_by_pass
 from evaluation.tracking import use_tracking
 from models.orchestrator.config import OrchestraConfig
 from models.orchestrator.lm import base_model_folder
-from models.orchestrator.rl import rl_config
 from routerops import schema
 from routerops.envs.suites import read_tasks
 from routerops.errors import InputError, RouteropsError
 from routerops.layout import Layout
 from routerops.orchestra.executor import Executor, ExecutorConfig
-from routerops.pricing import check_pool_priced, load_pool, load_price_book
 from routerops.workers import check_pool_runnable
 from stages.manifest import write_manifest
 from stages.orchestra.config import CONTROLLER_NAME, OrchestraRun, lm_config
@@ -136,14 +134,12 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
     from models.orchestrator.advantages import CostNormaliser
     from models.orchestrator.rl import ADAPTER_DIR, RLTrainer
 
-    params = layout.resolve("params.yaml")
-    lm, cfg = lm_config(run, params), rl_config(run.rl, str(params))
+    lm, cfg = lm_config(run, layout.resolve("params.yaml")), run.rl
     settings = cfg.settings
     # "signal": every train task is a candidate and the probe picks the pool; "curriculum": the filter's.
     task_list = train_tasks(layout) if settings.pool == "signal" else rl_task_order(layout, rl_tasks)
-    pool_file, book_file = layout.resolve(run.pool), layout.resolve(run.price_book)
-    pool, book = load_pool(pool_file), load_price_book(book_file)
-    check_pool_priced(pool, book, book_file)
+    market = run.market(layout)
+    pool, pool_file, book_file, book = market.pool, market.pool_file, market.evaluation_file, market.priced().book
     if CONTROLLER_NAME not in book.prices:
         raise InputError(book_file, f"prices.{CONTROLLER_NAME}", "the LM controller's turns need a price")
     check_pool_runnable(pool)
@@ -256,7 +252,8 @@ def rl(run: OrchestraRun, layout: Layout, rl_tasks: Path, adapter: Path) -> Path
                        seconds_per_step=sum(s["step_seconds"] for s in steps) / len(steps),
                        verifier_mean=sum(s["reward/verifier_mean"] for s in steps) / len(steps))
     write_manifest(layout.orchestra_manifests, "orchestra-rl",
-                   {"rl": run.rl, "model": run.model, "controller": run.controller, "mlflow_run": mlflow_run or ""},
+                   {"rl": {**dataclasses.asdict(run.rl.settings), **dataclasses.asdict(run.rl.advantages)},
+                    "model": run.model, "controller": run.controller, "mlflow_run": mlflow_run or ""},
                    [Path(rl_tasks), *sorted(Path(adapter).glob("*"))],
                    [*sorted(adapter_out.glob("*")), result_file, rollouts_file, layout.orchestra_rl_curves], metrics)
     return adapter_out

@@ -19,7 +19,7 @@ from routerops.orchestra.curriculum import (
 from routerops.orchestra.endpoint import EndpointController
 from routerops.orchestra.executor import Executor, ExecutorConfig
 from routerops.orchestra.teacher import teacher_controllers
-from routerops.pricing import check_pool_priced, load_pool, load_price_book
+from routerops.pricing import check_pool_priced
 from routerops.workers import check_pool_runnable
 from routerops.workers.cache import WorkerCache
 from stages.manifest import write_manifest
@@ -33,8 +33,8 @@ def teacher(run: OrchestraRun, layout: Layout, tasks: Path) -> Trajectories:
     """Teacher trajectories on the train tasks, every candidate run through the real executor and
     workers (004 App. A.4: observations are runtime outputs); resumable from its journal."""
     cfg = run.teacher
-    pool_file, book_file = layout.resolve(run.pool), layout.resolve(run.price_book)
-    pool, book = load_pool(pool_file), load_price_book(book_file)
+    market = run.market(layout)
+    pool, pool_file, book_file, book = market.pool, market.pool_file, market.evaluation_file, market.evaluation.book
     chosen = [t for t in read_tasks(tasks) if t.split in cfg.splits]
     if not chosen:
         raise InputError(tasks, "split", f"no task in the teacher's splits {cfg.splits}")

@@ -19,11 +19,10 @@ from routerops.orchestra.curriculum import (
     collect_episodes,
 )
 from routerops.orchestra.executor import Executor, ExecutorConfig
-from routerops.pricing import check_pool_priced, load_pool, load_price_book
 from routerops.workers import build_workers, check_pool_runnable
 from routerops.workers.cache import WorkerCache
 from routerops.workers.endpoints import pool_endpoints
-from stages.orchestra.config import CONTROLLER_NAME, OrchestraRun, lm_config
+from stages.orchestra.config import CONTROLLER_NAME, OrchestraRun
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +44,15 @@ def load_controller(run: OrchestraRun, layout: Layout, adapter: Path | None = No
                     version: str | None = None):
     """The LM controller, priced as `orchestrator` (configs/prices): π(0) without an adapter, the SFT'd
     or RL'd controller with one; `version` (base / sft / rl) tells their episodes apart."""
-    config = lm_config(run, layout.resolve("params.yaml"))
-    return load_controller_engine(config.model, config.controller, adapter, layout.model_cache, name=CONTROLLER_NAME,
+    return load_controller_engine(run.model, run.controller, adapter, layout.model_cache, name=CONTROLLER_NAME,
                                   version=version or ("base" if adapter is None else "sft"))
 
 
 def rollout_run_id(run: OrchestraRun, layout: Layout, stage: str, inputs: list[Path]) -> str:
     """A run id that changes with what the episodes depend on (tasks, pool, prices, weights, limits), so
     a rerun after any of them changed never reuses an old journal line."""
-    lm = lm_config(run, layout.resolve("params.yaml"))
     settings = {"budget_usd": run.budget_usd, "turn_limit": run.turn_limit, "prompt": run.prompt, "evaluation": dataclasses.asdict(run.evaluation),
-                "model": dataclasses.asdict(lm.model), "controller": dataclasses.asdict(lm.controller)}
+                "model": dataclasses.asdict(run.model), "controller": dataclasses.asdict(run.controller)}
     if run.anonymize_workers:  # other labels, other episodes (absent when off: earlier run ids stay valid)
         settings["anonymize_workers"] = True
     return f"{stage}-{baseline_run_id(inputs, settings)}"
@@ -64,12 +61,11 @@ def rollout_run_id(run: OrchestraRun, layout: Layout, stage: str, inputs: list[P
 def controller_rollouts(run: OrchestraRun, layout: Layout, batches: list, out_dir: Path):
     """Episodes of each (controller, tasks, run id) batch through the real executor and workers, one
     lockstep batch per controller (one generate call per round), resumable from out_dir's journal."""
-    pool_file, book_file = layout.resolve(run.pool), layout.resolve(run.price_book)
-    pool, book = load_pool(pool_file), load_price_book(book_file)
-    check_pool_priced(pool, book, book_file)
+    market = run.market(layout)
+    pool, book = market.pool, market.priced().book
     check_pool_runnable(pool)
     cfg = run.evaluation
-    max_tokens = lm_config(run, layout.resolve("params.yaml")).controller.max_new_tokens
+    max_tokens = run.controller.max_new_tokens
     config = ExecutorConfig(budget_usd=run.budget_usd, turn_limit=run.turn_limit, controller_max_tokens=max_tokens,
                             end_on_malformed=cfg.end_on_malformed, prompt=run.prompt,
                             anonymize_models=run.anonymize_workers)

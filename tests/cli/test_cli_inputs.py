@@ -106,7 +106,7 @@ def test_pool_publish_refuses_them_and_publishes_nothing(tmp_path, capsys):
     pool = tmp_path / "pool.yaml"
     pool.write_text(POOL.format(field="concurrency", value="-3"))
     params = tmp_path / "params.yaml"
-    params.write_text(f"pool: {{file: {REPO / 'configs/pools/embedded-smollm2.yaml'}}}\nreprice: {{price_book: "
+    params.write_text(f"pool: {{file: {REPO / 'configs/pools/embedded-smollm2.yaml'}}}\nprices: {{evaluation: "
                       f"{REPO / 'configs/prices/current.yaml'}}}\nops: {{publish_dir: {tmp_path / 'store'}}}\n")
     code, err = run(["pool", "publish", str(pool), "--params", str(params), "--root", str(tmp_path)], capsys)
     one_line_error(code, err, "workers[0].concurrency", "-3")

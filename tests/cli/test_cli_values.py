@@ -47,8 +47,9 @@ def root(tmp_path) -> Path:
     ("materialise.train=-1", "greater than or equal to 0"),
     ("materialise.families=[]", "at least 1 item"),
     ("materialise.families=[basic_arithmetic, no_such_family]", "unknown reasoning-gym family 'no_such_family'"),
-    ("collect.price_book=/etc/shadow", "not a usable price book"),
-    ("collect.price_book=configs/pool.yaml", "not a usable price book"),
+    ("prices.collection=/etc/shadow", "not a usable price book"),
+    ("prices.evaluation=configs/pool.yaml", "not a usable price book"),
+    ("collect.price_book=configs/prices/current.yaml", "unknown key"),
     ("register.k=1", "greater than or equal to 2"),
     ("routers.seeds=[-1]", "greater than or equal to 0"),
     ("orchestra.budget_usd=-1", "greater than 0"),
@@ -62,6 +63,21 @@ def test_a_bad_value_set_on_the_command_line_is_refused_before_anything_runs(roo
     one_line_error(code, err, f"--set {setting.partition('=')[0]}", said)
     assert time.monotonic() - started < 15  # reasoning-gym's import, at most: no flow, no retry
     assert not (root / "data").exists()  # nothing ran: materialise would have written data/suites/
+
+
+@pytest.mark.parametrize(("pipeline", "setting", "said"), [
+    ("critique", "critique.corl.kl=.nan", "finite"),
+    ("critique", "critique.policy.lr=-1", "must be > 0"),
+    ("critique", "critique.price_book=configs/prices/current.yaml", "unknown key"),
+    ("critique-lm", "critique_lm.rl.learning_rate=.inf", "finite"),
+    ("critique-lm", "critique_lm.tree.group=0", "critique_lm.tree.group"),
+])
+def test_the_critique_sections_refuse_bad_values_before_anything_runs(root, pipeline, setting, said, capsys):
+    """Issue 41: the critique and critique_lm sections are range-checked too (NaN and infinities
+    included), refused with one line naming the `--set`, before any stage runs."""
+    code, err = run(["run", pipeline, "--root", str(root), "--set", setting], capsys)
+    one_line_error(code, err, f"--set {setting.partition('=')[0]}", said)
+    assert not (root / "reports").exists()
 
 
 def test_a_bad_value_in_params_yaml_names_the_file_and_the_key(root, capsys):
@@ -149,7 +165,7 @@ def test_prices_publish_refuses_a_price_past_its_bound(tmp_path, capsys):
 
 def publish_flags(tmp_path: Path) -> list[str]:
     params = tmp_path / "params.yaml"
-    params.write_text(f"pool: {{file: {REPO / 'configs/pool.yaml'}}}\nreprice: {{price_book: "
+    params.write_text(f"pool: {{file: {REPO / 'configs/pool.yaml'}}}\nprices: {{evaluation: "
                       f"{REPO / 'configs/prices/current.yaml'}}}\nops: {{publish_dir: {tmp_path / 'store'}}}\n")
     return ["--params", str(params), "--root", str(tmp_path)]
 

@@ -30,7 +30,7 @@ def test_cli_publish_without_a_server_stores_the_file_and_says_no_retrain_ran(tm
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"pool": {"file": str(POOL_FILE)},
-                                                          "reprice": {"price_book": str(BOOK)}}))
+                                                          "prices": {"evaluation": str(BOOK)}}))
     good = edited_book(tmp_path, "good.yaml", "2027-02-01")
     assert main(["prices", "publish", str(good), "--root", str(tmp_path)]) == 0
     printed = capsys.readouterr().out

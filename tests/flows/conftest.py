@@ -10,6 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+REPO = Path(__file__).resolve().parents[2]
+# The repository's price books, by absolute path: the flow runs from its own root (params.yaml `prices`).
+PRICES = {"collection": str(REPO / "configs/prices/collection-2026-11.yaml"),
+          "evaluation": str(REPO / "configs/prices/current.yaml"),
+          "replay": str(REPO / "configs/prices/routellm-2024.yaml")}
 
 @pytest.fixture
 def flow_workdir(tmp_path, monkeypatch, new_mlflow_db):
@@ -20,7 +25,7 @@ def flow_workdir(tmp_path, monkeypatch, new_mlflow_db):
 
     def make(section: str, settings: dict, experiment: str):
         params = {"track": {"tracking_uri": f"sqlite:///{db}", "artifact_root": str(root / "mlflow/artifacts"),
-                            "experiment": experiment}, section: settings}
+                            "experiment": experiment}, "prices": PRICES, section: settings}
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
         subprocess.run(git + ["init", "-q"], cwd=root, check=True)

@@ -22,11 +22,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 pytest.importorskip("scienceworld")
 
 MTROUTER = {
-    "pool": str(REPO / "configs/pools/embedded-smollm2.yaml"), "price_book": str(REPO / "configs/prices/current.yaml"),
+    "pool": str(REPO / "configs/pools/embedded-smollm2.yaml"),
     "id_types": ["find-plant"], "ood_types": ["find-non-living-thing"], "max_variations": 2,
     "budget_usd": 0.05, "turn_limit": 2, "concurrency": 2, "seeds": [0], "ablations": ["full", "ridge"],
     "estimator": {"encoder_kind": "hashing", "hashing_dim": 512, "disk_cache": False, "max_epochs": 20},
-    "gate_n_boot": 500, "episode_routers": ["logistic"], "ablation_rollouts": True,
+    "gate": {"n_boot": 500}, "episode_routers": ["logistic"], "ablation_rollouts": True,
 }
 
 

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 ORCHESTRA = {
-    "pool": str(REPO / "configs/pools/embedded-smollm2.yaml"), "price_book": str(REPO / "configs/prices/current.yaml"),
+    "pool": str(REPO / "configs/pools/embedded-smollm2.yaml"),
     "tasks": {"families": ["basic_arithmetic", "gcd"], "ood_families": ["decimal_chain_sum"],
               "train": 1, "val": 1, "test": 1, "ood": 1, "seed": 7},
     "turn_limit": 3,

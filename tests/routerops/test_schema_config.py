@@ -91,7 +91,7 @@ def test_a_failed_write_leaves_the_old_file(tmp_path):
 
 def test_params_file_loads_into_typed_sections():
     params = load_params(REPO / "params.yaml")
-    assert params.collect.turn_limit >= 1 and params.reprice.price_book.endswith(".yaml")
+    assert params.collect.turn_limit >= 1 and params.prices.evaluation.endswith(".yaml")
 
 
 def test_unknown_params_key_is_rejected(tmp_path):

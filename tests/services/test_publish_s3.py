@@ -20,7 +20,7 @@ def test_published_price_book_is_uploaded_to_the_team_bucket(s3_env, tmp_path, m
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({
         "pool": {"file": str(REPO / "configs/pools/embedded-smollm2.yaml")},
-        "reprice": {"price_book": str(REPO / "configs/prices/current.yaml")},
+        "prices": {"evaluation": str(REPO / "configs/prices/current.yaml")},
         "ops": {"s3_bucket": "team-published"}}))
     book = yaml.safe_load((REPO / "configs/prices/current.yaml").read_text())
     book["version"] = "2027-03-01"

@@ -23,11 +23,10 @@ def tiny_arena(tmp_path, monkeypatch) -> Path:
     (tmp_path / "contaminated.jsonl").write_text("")
     arena = {"table": str(tmp_path / "tiny.csv"), "contaminated": str(tmp_path / "contaminated.jsonl"),
              "fewshot": str(REPO / "datasets/gsm8k/train_first8.jsonl"),
-             "price_book": str(REPO / "configs/prices/routellm-2024.yaml"),
              "split": {"seed": 0, "fractions": [0.6, 0.2, 0.2], "min_test_queries": 10},
              "routers": ["logistic"], "seeds": [0], "bootstrap": 50, "knob_points": 11,
              "lm": {"critique": False, "corl": False}}
-    params = {"arena": arena, "track": {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+    params = {"arena": arena, "prices": {"replay": str(REPO / "configs/prices/routellm-2024.yaml")}, "track": {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
                                         "artifact_root": str(tmp_path / "artifacts"), "experiment": "arena-test"}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -38,7 +38,8 @@ def write_project(root: Path, url: str, shards: int, scheduler: str = "", concur
     (root / "configs/pool.yaml").write_text(yaml.safe_dump(pool))
     (root / "configs/prices.yaml").write_text(yaml.safe_dump(PRICES))
     params = {"pool": {"file": "configs/pool.yaml"}, "evaluate": {"splits": ["test"]},
-              "collect": {"price_book": "configs/prices.yaml", "budget_usd": 0.01, "turn_limit": 2,
+              "prices": {"collection": "configs/prices.yaml"},
+              "collect": {"budget_usd": 0.01, "turn_limit": 2,
                           "concurrency": concurrency, "shards": shards, "dask_address": scheduler}}
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     splits = ["train"] * 8 + ["val"] * 2 + ["test"] * 2

@@ -24,7 +24,7 @@ def test_the_committed_dvc_files_are_what_the_declarations_generate():
 
 @pytest.fixture
 def copy(tmp_path) -> Path:
-    for path in DVC_FILES:
+    for path in [*DVC_FILES, "params.yaml"]:  # the dvc files name the files params.yaml's settings name
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / path, tmp_path / path)
     return tmp_path
@@ -40,6 +40,19 @@ def test_a_changed_dep_names_its_file_pipeline_and_stage(copy):
     edit(copy, "pipelines/orchestra/dvc.yaml", lambda stages: stages["orchestra-sft"]["deps"].pop())
     assert differences(copy) == ["pipelines/orchestra/dvc.yaml: stage orchestra-sft (pipeline orchestra) "
                                  "differs from its declaration"]
+
+
+def test_a_price_book_edited_in_params_yaml_moves_the_dvc_deps_with_it(copy):
+    """The deps on a pool or price book are the files the settings name (issue 41 item 2): editing
+    params.yaml's `prices.collection` makes the collect stage stale, and regenerating tracks the new book."""
+    params = yaml.safe_load((copy / "params.yaml").read_text())
+    params["prices"]["collection"] = "configs/prices/current.yaml"
+    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert differences(copy) == ["dvc.yaml: stage collect (pipeline main) differs from its declaration"]
+    assert cli.main(["dvc-yaml", "--root", str(copy)]) == 0
+    collect = yaml.safe_load((copy / "dvc.yaml").read_text())["stages"]["collect"]
+    assert "configs/prices/current.yaml" in collect["deps"] and "configs/prices/collection-2026-11.yaml" not in collect["deps"]
+    assert "prices.collection" in collect["params"] and differences(copy) == []
 
 
 def test_a_stage_missing_or_undeclared_is_named(copy):

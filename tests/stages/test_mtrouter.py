@@ -33,7 +33,8 @@ def test_paper_scale_run_refuses_to_start_until_prices_are_filled(tmp_path):
     del raw["prices"]["kimi-k2"]
     (tmp_path / "prices.yaml").write_text(yaml.safe_dump(raw))
     params = yaml.safe_load(PAPER.read_text())
-    params["mtrouter"].update(price_book=str(tmp_path / "prices.yaml"), pool=str(REPO / "configs/paper/pool.yaml"))
+    params["mtrouter"].update(pool=str(REPO / "configs/paper/pool.yaml"))
+    params["prices"]["evaluation"] = str(tmp_path / "prices.yaml")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(InputError, match=r"prices\.kimi-k2"):
         check_run(load_run(tmp_path / "params.yaml"))

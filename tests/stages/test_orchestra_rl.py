@@ -13,6 +13,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from models.orchestrator.config import GenerationSettings, SFTSettings  # noqa: E402
+from models.orchestrator.rl import rl_config  # noqa: E402
 from routerops.config import TrackConfig  # noqa: E402
 from routerops.envs.suites import read_tasks, write_tasks  # noqa: E402
 from routerops.errors import InputError, RouteropsError  # noqa: E402
@@ -32,11 +34,10 @@ def small_run(tmp_path: Path, **rl) -> OrchestraRun:
         pool=str(REPO / "configs/pools/embedded-smollm2.yaml"), price_book=str(REPO / "configs/prices/current.yaml"),
         tasks=OrchestraTasks(families=["basic_arithmetic"], train=2, val=1, test=1, ood=1), turn_limit=2,
         prompt="compact", evaluation=OrchestraEvaluation(end_on_malformed=True, server_threads=2),
-        controller={"max_new_tokens": 48, "batch_size": 4},
-        sft={"max_steps": 3, "learning_rate": 0.002, "warmup_steps": 0, "batch_size": 2, "max_seq_len": 512,
-             "save_steps": 100},
-        rl={"estimator": "agentic_grpo", "group_size": 2, "max_steps": 2, "save_steps": 1, "temperature": 0.7,
-            "learning_rate": 0.001, "pool": "curriculum", **rl},
+        controller=GenerationSettings(max_new_tokens=48, batch_size=4),
+        sft=SFTSettings(max_steps=3, learning_rate=0.002, warmup_steps=0, batch_size=2, max_seq_len=512, save_steps=100),
+        rl=rl_config({"estimator": "agentic_grpo", "group_size": 2, "max_steps": 2, "save_steps": 1, "temperature": 0.7,
+                      "learning_rate": 0.001, "pool": "curriculum", **rl}),
         track=TrackConfig(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "artifacts"),
                           experiment="orchestra-rl-test"))
 
@@ -182,11 +183,10 @@ def test_mt_grpo_runs_end_to_end_in_the_stage_blind_and_with_the_worker_cache(tm
 
 
 def test_the_demo_and_paper_rl_sections_load_with_the_papers_values_where_it_gives_them():
-    from models.orchestrator.rl import rl_config
     from stages.orchestra import load_run
 
-    demo = rl_config(load_run(REPO / "params.yaml").rl)
-    paper = rl_config(load_run(REPO / "configs/paper/orchestra.yaml").rl)
+    demo = load_run(REPO / "params.yaml").rl
+    paper = load_run(REPO / "configs/paper/orchestra.yaml").rl
     assert demo.advantages.estimator == paper.advantages.estimator == "agentic_grpo"
     assert (demo.group_size, demo.settings.max_steps, demo.settings.save_steps, demo.settings.temperature) == (4, 16, 4, 0.7)
     assert (demo.settings.pool, demo.settings.probe_samples, demo.settings.learning_rate) == ("signal", 4, 1e-4)
@@ -344,14 +344,13 @@ def test_a_run_recorded_before_pool_size_existed_still_resumes(tmp_path):
     key existed still matches; a limit, which changes the steps, is recorded."""
     import dataclasses
 
-    from models.orchestrator.rl import rl_config
     from stages.orchestra.config import lm_config, load_run
     from stages.orchestra.rl import rl_run_record
 
     params = Path(__file__).resolve().parents[2] / "params.yaml"
     run = load_run(params)
-    cfg = rl_config({**run.rl, "pool_size": 0}, str(params))
-    record = rl_run_record(run, lm_config(run, params), cfg, [], tmp_path)
+    cfg = dataclasses.replace(run.rl, settings=dataclasses.replace(run.rl.settings, pool_size=0))
+    record = rl_run_record(run, lm_config(run), cfg, [], tmp_path)
     assert "pool_size" not in record["settings"] and "probe_samples" in record["settings"]
     limited = dataclasses.replace(cfg, settings=dataclasses.replace(cfg.settings, pool_size=8))
-    assert rl_run_record(run, lm_config(run, params), limited, [], tmp_path)["settings"]["pool_size"] == 8
+    assert rl_run_record(run, lm_config(run), limited, [], tmp_path)["settings"]["pool_size"] == 8

@@ -115,7 +115,7 @@ def test_out_equal_to_src_or_a_file_is_refused_before_any_work(tmp_path):
 def test_the_reprice_stage_with_a_bad_book_leaves_priced_data_untouched(tmp_path):
     book = bad_book(tmp_path, "misspelt key")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"pool": {"file": str(POOL)},
-                                                          "reprice": {"price_book": str(book)}}))
+                                                          "prices": {"evaluation": str(book)}}))
     write_set(tmp_path / "data/raw", *trajectories())
     priced = write_set(tmp_path / "data/priced", *trajectories())
     before = fingerprints(priced)

@@ -13,7 +13,7 @@ import pytest
 from models import registry
 from models.baselines import KNNRouter
 from routerops.config import (
-    EvaluateConfig, Params, PoolConfig, RegisterConfig, RepriceConfig, RoutersConfig, TrackConfig,
+    EvaluateConfig, Params, PoolConfig, RegisterConfig, PricesConfig, RoutersConfig, TrackConfig,
 )
 from routerops.envs.replay import write_logged_outcomes
 from routerops.layout import Layout
@@ -65,7 +65,7 @@ def layout(tmp_path, monkeypatch, mlflow_db):
 
 
 def params(tmp_path) -> Params:
-    return Params(pool=PoolConfig(file="pool.yaml"), reprice=RepriceConfig(price_book="prices.yaml"), evaluate=EvaluateConfig(splits=["test", "ood"]),
+    return Params(pool=PoolConfig(file="pool.yaml"), prices=PricesConfig(evaluation="prices.yaml"), evaluate=EvaluateConfig(splits=["test", "ood"]),
                   routers=RoutersConfig(routers=["random", "oracle", "leakcheck"], seeds=[0], bootstrap=0),
                   register=RegisterConfig(candidates=["leakcheck", "logistic"], k=3, n_boot=200),
                   track=TrackConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",

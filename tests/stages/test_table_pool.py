@@ -87,7 +87,8 @@ def test_collect_calls_the_replayed_workers_over_http_and_scores_them_with_math_
         "pool": {"file": "pool.yaml"},
         "materialise": {"source": "table", "train": 2, "val": 1, "test": 2,
                         "answers": str(REPO / "datasets/gsm8k/test_answers.jsonl")},
-        "collect": {"price_book": "prices.yaml", "budget_usd": 1.0, "concurrency": 2,
+        "prices": {"collection": "prices.yaml", "evaluation": "prices.yaml"},
+        "collect": {"budget_usd": 1.0, "concurrency": 2,
                     "train_policies": ["uniform_random"]},
         "evaluate": {"splits": ["test"]}}))
     params, layout = load_params(tmp_path / "params.yaml"), Layout(tmp_path)

@@ -255,7 +255,7 @@ def test_turn_advantages_spread_onto_the_controllers_tokens():
 # --- configuration and input errors --------------------------------------------------------------
 
 def test_the_config_defaults_are_the_papers():
-    default = advantage_config({}, "params.yaml")
+    default = advantage_config({}, "params.yaml", "orchestra.rl")
     assert (default.estimator, default.alpha, default.group_size, default.cost_buffer) == ("agentic_grpo", 0.1, 8, 1000)
     assert advantage_config({"alpha": 0, "cost_percentile": 90}, "p.yaml").cost_percentile == 90.0  # int → float
 
@@ -275,14 +275,14 @@ def test_the_config_defaults_are_the_papers():
 ])
 def test_bad_settings_name_the_file_and_the_key(raw, key, problem):
     with pytest.raises(InputError, match=f"params.yaml: field 'orchestra.rl.{key}': .*{problem}"):
-        advantage_config(raw, "params.yaml")
+        advantage_config(raw, "params.yaml", "orchestra.rl")
 
 
 def test_bad_settings_and_groups_built_in_code_are_refused():
     with pytest.raises(InvalidSetting, match="AdvantageConfig.rho"):
         AdvantageConfig(rho=-1.0)
     with pytest.raises(InputError, match="orchestra.rl': expected a mapping"):
-        advantage_config([("alpha", 0.1)], "params.yaml")
+        advantage_config([("alpha", 0.1)], "params.yaml", "orchestra.rl")
     with pytest.raises(ValueError, match="rollout 0 verifier V_g: 1.5 is not a number in \\[0, 1\\]"):
         RolloutGroup(rollouts=[Rollout(verifier=1.5, cost=0.0, turns=[Turn(cost=0.0)])])
     with pytest.raises(ValueError, match="rollout 0 turn 0 cost C_t"):
@@ -342,9 +342,9 @@ def test_eq5_gates_the_cost_reward_on_the_verifier_and_caps_the_schema_term():
 
 def test_eq5_refuses_a_schema_bonus_above_the_papers_cap_and_needs_the_schema_share_of_a_wrong_rollout():
     with pytest.raises(InputError, match="orchestra.rl.schema_bonus'.*S\\(τ\\) ≤ 0.10"):
-        advantage_config({"reward": "eq5", "schema_bonus": 0.2}, "params.yaml")
+        advantage_config({"reward": "eq5", "schema_bonus": 0.2}, "params.yaml", "orchestra.rl")
     with pytest.raises(InputError, match="orchestra.rl.reward'.*not one of"):
-        advantage_config({"reward": "main_text"}, "params.yaml")
+        advantage_config({"reward": "main_text"}, "params.yaml", "orchestra.rl")
     unshared = RolloutGroup(task="q5", rollouts=(Rollout(1.0, 0.0, (Turn(cost=0.0),)),
                                                  Rollout(0.0, 0.0, (Turn(cost=0.0),))))
     with pytest.raises(ValueError, match="q5: rollout 1: eq5 needs the schema_share"):
@@ -409,11 +409,11 @@ def test_eq6_refuses_shaping_beyond_eta_and_other_estimators():
     with pytest.raises(ValueError, match="exceeds η = 0.01"):
         turn_returns(eq6_group(), config("agentic_grpo", turn_return="eq6", shaping_bound=0.01))
     with pytest.raises(InputError, match="orchestra.rl.turn_return'.*Agentic-GRPO"):
-        advantage_config({"estimator": "grpo", "turn_return": "eq6"}, "params.yaml")
+        advantage_config({"estimator": "grpo", "turn_return": "eq6"}, "params.yaml", "orchestra.rl")
     with pytest.raises(InputError, match="orchestra.rl.discount'"):
-        advantage_config({"discount": 0.0}, "params.yaml")
+        advantage_config({"discount": 0.0}, "params.yaml", "orchestra.rl")
     with pytest.raises(InputError, match="orchestra.rl.shaping_bound'"):
-        advantage_config({"shaping_bound": 0.5}, "params.yaml")
+        advantage_config({"shaping_bound": 0.5}, "params.yaml", "orchestra.rl")
     with pytest.raises(ValueError, match="eq6 needs every turn's shaping"):
         turn_advantages(config("agentic_grpo", turn_return="eq6"), example_group(action=[["a", "a"]] * 2 + [["a"]] + [["a", "a"]]))
 

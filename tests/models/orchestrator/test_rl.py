@@ -12,7 +12,7 @@ import torch
 
 from models.orchestrator.config import LLAMA_LINEAR_MODULES
 from models.orchestrator.rl import (REFERENCE_ADAPTER, RLConfig, RLSettings, RLTrainer, RolloutBatch,
-                                    load_rl_config, policy_loss, rl_config, sequence_logprobs)
+                                    policy_loss, rl_config, sequence_logprobs)
 from models.orchestrator.sft_data import tokenize_conversation
 from routerops.errors import InputError, RouteropsError
 from routerops.orchestra.controller import ControllerTurn
@@ -344,10 +344,12 @@ def test_the_section_splits_between_the_update_and_the_estimator(tmp_path):
     assert default.settings.lora_target_modules == LLAMA_LINEAR_MODULES
     params = tmp_path / "params.yaml"
     params.write_text("orchestra:\n  rl:\n    kl_beta: 0.01\n    rho: 0.5\n")
-    loaded = load_rl_config(params)
+    from stages.orchestra.config import load_run
+
+    loaded = load_run(params).rl  # the section is read once, by the run's loader
     assert (loaded.settings.kl_beta, loaded.advantages.rho, loaded.source) == (0.01, 0.5, str(params))
     params.write_text("orchestra: {}\n")
-    assert load_rl_config(params) == RLConfig(source=str(params))
+    assert load_run(params).rl == RLConfig(source=str(params))
 
 
 @pytest.mark.parametrize("raw, key, problem", [
@@ -366,12 +368,12 @@ def test_the_section_splits_between_the_update_and_the_estimator(tmp_path):
 ])
 def test_bad_settings_name_the_key(raw, key, problem):
     with pytest.raises(InputError, match=f"params.yaml: field 'orchestra.rl.{key}': .*{problem}"):
-        rl_config(raw, "params.yaml")
+        rl_config(raw, "params.yaml", "orchestra.rl")
 
 
 def test_a_section_that_is_not_a_mapping_is_refused():
     with pytest.raises(InputError, match="orchestra.rl': expected a mapping"):
-        rl_config([1, 2], "params.yaml")
+        rl_config([1, 2], "params.yaml", "orchestra.rl")
 
 
 # ---- real steps on SmolLM2 ------------------------------------------------------------------------

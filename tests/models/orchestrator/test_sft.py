@@ -12,8 +12,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from models.orchestrator.config import (DeviceUnavailable, GenerationSettings, OrchestraConfig, SFTSettings,
-                                        load_orchestra_config)
+from models.orchestrator.config import DeviceUnavailable, GenerationSettings, OrchestraConfig, SFTSettings
 from models.orchestrator.lm import LMController, load_causal_lm, load_controller_model, merge_adapter
 from models.orchestrator.sft import RESULT_FILE, train_sft
 from models.orchestrator.sft_data import tokenize_conversation
@@ -108,7 +107,9 @@ def test_a_different_run_is_not_resumed_into_the_same_folder(runs, conversations
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the paper config would run")
 def test_the_paper_config_is_refused_on_a_machine_without_cuda(conversations_file, tmp_path):
-    paper = load_orchestra_config(REPO / "configs/paper/orchestra.yaml")
+    from stages.orchestra.config import lm_config, load_run
+
+    paper = lm_config(load_run(REPO / "configs/paper/orchestra.yaml"), REPO / "configs/paper/orchestra.yaml")
     assert (paper.sft.learning_rate, paper.sft.lr_scheduler, paper.sft.warmup_steps, paper.sft.epochs) == (2e-5, "cosine", 100, 2.0)
     with pytest.raises(DeviceUnavailable, match="configs/paper/orchestra.yaml.*no CUDA device"):
         train_sft(paper, conversations_file, tmp_path / "paper")
