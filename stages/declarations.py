@@ -154,7 +154,7 @@ STAGES: dict[str, Stage] = {
         params=("track", "pool", "prices.evaluation"), outs=(uncached("reports/mlflow_runs.json"),))),
 
     # --- critique (pipelines/critique/dvc.yaml; no flow) ---
-    "critique": Stage(lambda: stages_critique().critique, "models.critique.config:load_critique_config", lambda L: (), dvc=Dvc(
+    "critique": Stage(lambda: stages_critique().critique, load_critique_config, lambda L: (), dvc=Dvc(
         deps=("datasets/routellm", "datasets/gsm8k/train_first8.jsonl", REPLAY_BOOK, "models/critique",
               "evaluation/critique.py"),
         params=("critique", "prices.replay"), outs=(uncached("reports/critique/results.json"),),
