@@ -276,7 +276,7 @@ def test_warmup_rejections_fit_the_turn_cap_with_slack_so_sampling_does_not_cut_
     table = OutcomeTable(workers=["m", "g"], agents=["Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-preview"],
                          questions=["q0", "q1"], drafts=[[f"step\n{long}", "#### 1"], ["#### 4", "#### 4"]],
                          correct=np.array([[0, 1], [1, 1]], dtype=float), costs=np.array([[0.0005, 0.018]] * 2))
-    cfg = critique_lm_config({"prompts": {"max_checking_words": 12}})
+    cfg = critique_lm_config({"prompts": {"max_checking_words": 12}, "generation": {"max_new_tokens": 64}})  # params.yaml's cut
     cap = cfg.generation.max_new_tokens
     # The bare rejection format is 37 tokens: at the old cap of 48 a sampled <checking> had 11 tokens.
     bare = verification_target("Final:", False, "gpt-4-1106-preview")
