@@ -174,9 +174,16 @@ STAGES: dict[str, Stage] = {
         deps=(*ARENA_DATA, "models/critique", "evaluation/critique_lm.py"), params=("arena", "critique_lm"),
         outs=({"data/arena/lm": {"persist": True}},),
         note="the LM critique-and-route (002) and CoRL (003) controllers on the arena's split")),
+    "arena-orchestra": Stage("stages.arena_orchestra:orchestrator", ARENA, lambda L: (), retries=1, dvc=Dvc(
+        deps=(*ARENA_DATA, "datasets/gsm8k/test_answers.jsonl", "data/replay/routellm_gsm8k.parquet", "configs/pool.yaml",
+              "configs/prices/current.yaml", "routerops/orchestra", "models/orchestrator", "stages/orchestra",
+              "evaluation/arena_orchestra.py", "stages/arena_orchestra.py"), params=("arena",),
+        outs=({"data/arena/orchestrator": {"persist": True}},),
+        note="Uno-Orchestra (004): search teacher, SFT, four RL variants on the arena's split (arena.orchestrator.run)")),
     "arena-report": Stage("stages.arena:report", ARENA, lambda L: (L.arena_data / "policies", L.arena_data / "lm"),
                           dvc=Dvc(
-        deps=("data/arena/policies", "data/arena/lm", "evaluation/arena.py", "evaluation/arena_report.py"),
+        deps=("data/arena/policies", "data/arena/lm", "data/arena/orchestrator", "evaluation/arena.py",
+              "evaluation/arena_report.py"),
         params=("arena", "track"),
         outs=(uncached("reports/arena/accuracy_cost.png"),), metrics=(uncached("benchmarks/results/arena.json"),))),
 
@@ -311,7 +318,7 @@ PIPELINES: dict[str, Pipeline] = {
     "critique-lm": Pipeline("the LM critique / CoRL controller, then registration (make critique-lm)", CRITIQUE_LM,
                             ("critique-lm", "critique-lm-register"), dvc_file="pipelines/critique/dvc.yaml"),
     "arena": Pipeline("every method on the RouteLLM GSM8K pool, one split, paired comparisons (issue 39; make arena)",
-                      ARENA, ("arena-policies", "arena-lm", "arena-report"), flow="flows.arena:run_with_log",
+                      ARENA, ("arena-policies", "arena-lm", "arena-orchestra", "arena-report"), flow="flows.arena:run_with_log",
                       dvc_file="pipelines/arena/dvc.yaml"),
     "retrain": Pipeline("retrain on the published prices and pool, then the gate (make retrain)", MAIN,
                         ("retrain-in-force", "retrain-retire", "materialise", "retrain-collect-grid", "reprice",
