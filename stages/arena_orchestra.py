@@ -2,7 +2,7 @@
 (RL variant, seed) under data/arena/orchestrator/, which the arena report turns into rows of family
 `orchestrator`, each paired with its SFT start (evaluation/arena_report.py: orchestrator_outcomes).
 
-Per seed, in a flow root of its own (data/arena/orchestrator/work/seed<s>/, the orchestrator's Layout):
+Per seed, in a flow root of its own (.routerops/arena-orchestra/seed<s>/, the orchestrator's Layout):
 the arena's tasks (evaluation/arena_orchestra.py) → the search teacher over the pool (every candidate run
 through the real executor and workers) → π(0) on the teacher's tasks → the verifier filter of eq. 3
 (D_SFT: the cheapest passing trajectory per task π(0) fails; D_RL: tasks no candidate passes) → the
@@ -39,6 +39,7 @@ def orchestrator(run: ArenaRun, layout: Layout) -> Path:
     """data/arena/orchestrator/<variant>_seed<s>.json for every variant and seed of arena.orchestrator."""
     settings = run.arena.orchestrator
     folder = layout.arena_data / "orchestrator"
+    folder.mkdir(parents=True, exist_ok=True)  # the stage's DVC output, empty when the family is off
     if not settings.run:
         log.info("arena-orchestra: arena.orchestrator.run is false; nothing to do")
         return folder
@@ -52,11 +53,16 @@ def orchestrator(run: ArenaRun, layout: Layout) -> Path:
         if not todo:
             log.info("arena-orchestra: seed %d cached", seed)
             continue
-        unit = prepare(run, layout, data, split, seed, folder / "work" / f"seed{seed}")
+        unit = prepare(run, layout, data, split, seed, work_root(layout) / f"seed{seed}")
         for variant in todo:
             record = variant_record(unit, variant, seed)
             schema.write_json_atomic({"key": keys[variant], **record}, folder / f"{variant}_seed{seed}.json")
     return folder
+
+
+def work_root(layout: Layout) -> Path:
+    """The units' flow roots: journals, checkpoints and adapters, not the stage's output."""
+    return (layout.root / ".routerops/arena-orchestra").resolve()  # absolute: the unit's paths outlive its root
 
 
 def unit_key(run: ArenaRun, variant: str, seed: int) -> str:
@@ -106,7 +112,7 @@ def prepare(run: ArenaRun, layout: Layout, data, split: dict, seed: int, work: P
     link_model_cache(layout, flow)
     pool_file = pool_with_absolute_tables(layout.resolve(settings.pool), layout.root.resolve(), work / "pool.yaml",
                                           tuple(settings.drop_primitives))
-    section = orchestra_section(settings, pool_file, layout.resolve(settings.price_book).resolve(), seed)
+    section = orchestra_section(settings, pool_file.resolve(), layout.resolve(settings.price_book).resolve(), seed)
     params = schema.write_text_atomic(yaml.safe_dump({"orchestra": section}, sort_keys=False), work / "params.yaml")
     orun = load_orchestra_run(section, run.track, str(params))
     tasks = arena_tasks(data, split, layout.resolve(settings.answers), settings.train_queries, settings.eval_queries,
