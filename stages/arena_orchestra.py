@@ -118,6 +118,15 @@ def prepare(run: ArenaRun, layout: Layout, data, split: dict, seed: int, work: P
     tasks = arena_tasks(data, split, layout.resolve(settings.answers), settings.train_queries, settings.eval_queries,
                         run.arena.split.seed)
     write_tasks(tasks, flow.orchestra_tasks)
+    test = [t for t in tasks if t.split == "test"]
+    start_key = lambda adapter: settings_key(unit_key(run, "sft", seed),  # noqa: E731
+                                             schema.file_sha256(adapter / "adapter_model.safetensors"))
+    adapter = flow.orchestra_adapter
+    done = cached(work / SFT_START_FILE, start_key(adapter)) if (adapter / "adapter_model.safetensors").is_file() else None
+    if done is not None:  # this seed's SFT start was made (by another variant's process): read it back
+        paths = {"sft": flow.orchestra_sft, "rl": flow.orchestra_rl_tasks, "decisions": flow.orchestra_decisions}
+        curriculum = done.get("curriculum") or curriculum_stats(flow, paths, None, None)
+        return Unit(orun, flow, test, adapter, done["records"], curriculum)
     started = time.perf_counter()
     taught = teacher(orun, flow, flow.orchestra_tasks)
     probed = probe(orun, flow, flow.orchestra_tasks) if settings.probe else None
@@ -125,12 +134,11 @@ def prepare(run: ArenaRun, layout: Layout, data, split: dict, seed: int, work: P
     sft_data = blind_sft_file(orun, flow, paths["sft"], seed) if orun.anonymize_workers else paths["sft"]
     adapter = sft(orun, flow, sft_data)
     curriculum = curriculum_stats(flow, paths, probed, time.perf_counter() - started)
-    test = [t for t in tasks if t.split == "test"]
-    key = settings_key(unit_key(run, "sft", seed), schema.file_sha256(adapter / "adapter_model.safetensors"))
+    key = start_key(adapter)
     done = cached(work / SFT_START_FILE, key)
     if done is None:
         records = read_test(orun, flow, adapter, "sft", test, work / "eval-sft")
-        done = {"key": key, "records": records}
+        done = {"key": key, "records": records, "curriculum": curriculum}
         schema.write_json_atomic(done, work / SFT_START_FILE)
     return Unit(orun, flow, test, adapter, done["records"], curriculum)
 
@@ -162,7 +170,7 @@ def blind_sft_file(orun, flow: Layout, sft_path: Path, seed: int) -> Path:
                               flow.orchestra_data / "curriculum/sft_blind.jsonl")
 
 
-def curriculum_stats(flow: Layout, paths: dict, probed, seconds: float) -> dict:
+def curriculum_stats(flow: Layout, paths: dict, probed, seconds: float | None) -> dict:
     """Eq. 3's outcome: tasks, D_SFT and D_RL sizes, which teacher strategies were kept, π(0)'s solves."""
     import pandas as pd
 
@@ -176,7 +184,7 @@ def curriculum_stats(flow: Layout, paths: dict, probed, seconds: float) -> dict:
            "teacher_pass_rate_by_strategy": {k: float(v) for k, v in
                                              decisions.groupby("strategy").success.mean().items()},
            "reasons": {k: int(v) for k, v in decisions.reason.value_counts().items()},
-           "prepare_seconds": round(seconds, 1)}
+           "prepare_seconds": None if seconds is None else round(seconds, 1)}
     if probed is not None and probed.episodes.is_file():
         episodes = schema.read_table(probed.episodes, "episodes")
         out["probe_solved"] = int(episodes.success.sum())
