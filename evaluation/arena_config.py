@@ -42,11 +42,52 @@ class LMSettings:
 
 @dataclass(frozen=True)
 class OrchestratorSettings:
-    """The hook for Uno-Orchestra (004) on this pool: it needs the pool's replay endpoints (issue 39,
-    items 1–2). With run: false the arena lists the family as not run, with `reason`."""
+    """Uno-Orchestra (004) on this pool (evaluation/arena_orchestra.py, stage `arena-orchestra`): tasks are
+    the arena's GSM8K questions (train for the teacher, SFT and RL; the first `eval_queries` test queries
+    read once), math-verify against GSM8K's answers is the verifier, the pool's workers are called over
+    HTTP (replay endpoints for Mixtral and GPT-4, SmolLM2 live, the tools). One record per (variant, seed)
+    under data/arena/orchestrator/, each with its SFT start. With run: false the family is listed as not
+    run, with `reason`. Defaults: the CPU scale of docs/arena.md ("The orchestrator rows")."""
 
     run: bool = False
-    reason: str = "needs the replay endpoints of issue 39 items 1-2 (the pool over HTTP); not built on this branch"
+    reason: str = "arena.orchestrator.run is false"
+    seeds: tuple[int, ...] = (0,)  # RL sampling seeds (the SFT start is shared by the variants of a seed)
+    variants: tuple[str, ...] = ("grpo", "tree_grpo", "mt_grpo", "agentic_grpo")  # App. B's ladder
+    pool: str = "configs/pool.yaml"  # the arena's pool: its LLM workers are called over HTTP
+    price_book: str = "configs/prices/current.yaml"  # the pool's workers at routellm-2024's prices + SmolLM2, controller
+    answers: str = "datasets/gsm8k/test_answers.jsonl"  # GSM8K's reference answers: math-verify's gold
+    # Subtask primitives taken off the pool's workers for this run. CPU cut: SmolLM2-135M's reason and
+    # execute_python cost ~10 s a call on the shared 2-core machine (the search teacher tries each on every
+    # task) and solve almost no GSM8K question; () keeps the pool as configs/pool.yaml has it.
+    drop_primitives: tuple[str, ...] = ("reason", "verify", "execute_python")
+    train_queries: int = 24  # a seeded subset of the arena's train queries: the teacher's tasks, D_SFT, D_RL
+    eval_queries: int = 24  # the first N test queries (the split's order, as arena.lm.eval_queries); 0 = all
+    anonymize_workers: bool = True  # 004 §5: blind workers (Worker1..K, redrawn per episode) in every rollout
+    probe: bool = True  # eq. 3's b⁽⁰⁾: π(0) on the teacher's tasks (a task π(0) solves is dropped)
+    budget_usd: float = 0.25  # per episode (GPT-4's worst case on the 8-shot prompt ≈ $0.06)
+    turn_limit: int = 4  # Tmax (004 uses 8; a route, its <obs>, a verify and the answer need 2)
+    max_new_tokens: int = 320  # per controller turn: a route copies the question (GSM8K ≤ ~200 tokens)
+    max_seq_len: int = 1536  # SFT and RL tokens per conversation (GPT-4's logged answers run to 612 tokens)
+    sft_steps: int = 12
+    rl_steps: int = 2  # per variant, from the same SFT adapter
+    group_size: int = 2  # G (004: 8)
+    temperature: float = 0.7  # RL sampling temperature
+    alpha: float = 0.1  # eq. 5's cost weight α (004 §5)
+    server_threads: int = 2  # llama.cpp threads of the live SmolLM2 worker
+
+    def validate(self, source: str) -> None:
+        from models.orchestrator.advantages import ESTIMATORS
+
+        where = f"{SECTION}.orchestrator"
+        unknown = [v for v in self.variants if v not in ESTIMATORS]
+        if unknown or not self.variants or not self.seeds:
+            raise InputError(source, f"{where}.variants", f"name at least one seed and variants of {ESTIMATORS}")
+        if min(self.train_queries, self.sft_steps, self.rl_steps, self.group_size, self.turn_limit) < 1 \
+                or self.eval_queries < 0:
+            raise InputError(source, where, "train_queries, sft_steps, rl_steps, group_size, turn_limit ≥ 1; "
+                                            "eval_queries ≥ 0")
+        if "tree_grpo" in self.variants and self.group_size % 2:
+            raise InputError(source, f"{where}.group_size", "tree_grpo splits G into 2 branches: G must be even")
 
 
 @dataclass(frozen=True)
@@ -81,6 +122,7 @@ class ArenaConfig:
         if self.bootstrap < 10 or self.knob_points < 3 or self.lm.eval_queries < 0:
             raise InputError(source, f"{SECTION}.bootstrap",
                              "bootstrap ≥ 10, knob_points ≥ 3, lm.eval_queries ≥ 0")
+        self.orchestrator.validate(source)
 
 
 @dataclass(frozen=True)

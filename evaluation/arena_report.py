@@ -76,10 +76,13 @@ def orchestrator_outcomes(folder: Path, settings, by_policy: dict, starts: dict)
     for path in files:
         record = json.loads(path.read_text())
         policy, seed = record["policy"], int(record["seed"])
-        by_policy[policy].append(held_out_outcome(record["held_out"], policy, "orchestrator", seed))
+        meta = {"evidence": record["evidence"]} if "evidence" in record else None
+        by_policy[policy].append(held_out_outcome(record["held_out"], policy, "orchestrator", seed, meta))
         if "sft_start" in record:
-            start = f"{policy}: SFT start"
-            by_policy[start].append(held_out_outcome(record["sft_start"], start, "orchestrator", seed))
+            # Variants trained from one SFT adapter share its row (`sft_start_policy`, stages/arena_orchestra.py).
+            start = record.get("sft_start_policy") or f"{policy}: SFT start"
+            if all(o.seed != seed for o in by_policy[start]):
+                by_policy[start].append(held_out_outcome(record["sft_start"], start, "orchestrator", seed))
             starts[policy] = start
     return []
 
@@ -178,8 +181,7 @@ def goals(rows: list[dict], not_run: list[dict]) -> dict:
     """The issue's "Show" goals read off the rows. "Above" = the paired interval's lower end > 0; "not
     below" = its upper end ≥ 0 (no significant deficit)."""
     by = {r["policy"]: r for r in rows}
-    out = {"agentic_grpo": {"status": "not run", "evidence": next(
-        (n["reason"] for n in not_run if n["family"] == "orchestrator"), "")}}
+    out = {"agentic_grpo": agentic_grpo_goal(by.get(AGENTIC_GRPO_ROW), not_run)}
     critique = by.get("critique-and-route LM: RL, greedy")
     if critique is None:
         out["critique_and_route"] = {"status": "not run"}
@@ -200,6 +202,22 @@ def goals(rows: list[dict], not_run: list[dict]) -> dict:
                      r["comparisons"]["vs_random_mix_at_usd"]["diff"] >= 0 for m, r in zip(("low", "medium", "high"), modes)}}
         out["corl"] = {"status": "met" if all(checks.values()) else "not met", "checks": checks}
     return out
+
+
+AGENTIC_GRPO_ROW = "orchestrator (004): Agentic-GRPO"  # evaluation/arena_orchestra.py: row_name
+
+
+def agentic_grpo_goal(row: dict | None, not_run: list[dict]) -> dict:
+    """Issue 39's goal for Agentic-GRPO: above its SFT start, not constant, not below the logistic router
+    at its own USD, and above the best trivial policy (the random mix) at equal USD."""
+    if row is None:
+        return {"status": "not run", "evidence": next((n["reason"] for n in not_run if n["family"] == "orchestrator"), "")}
+    c = row["comparisons"]
+    checks = {"above its SFT start": bool(c.get("vs_sft_start") and c["vs_sft_start"]["lo"] > 0),
+              "not constant": not row["constant"],
+              "not below the logistic router at equal USD": c["vs_logistic_at_usd"]["hi"] >= 0,
+              "above the random mix at equal USD": c["vs_random_mix_at_usd"]["lo"] > 0}
+    return {"status": "met" if all(checks.values()) else "not met", "checks": checks}
 
 
 def log_to_mlflow(run: ArenaRun, result: dict, artifacts: list[Path]) -> list[str]:

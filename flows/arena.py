@@ -1,5 +1,6 @@
 """The arena flow (issue 39, items 3–4): every method on the RouteLLM GSM8K pool under one split —
-trivial policies, routers and the cascade → the LM critique-and-route and CoRL controllers → the report
+trivial policies, routers and the cascade → the LM critique-and-route and CoRL controllers → the
+orchestrator (004; with arena.orchestrator.run) → the report
 (benchmarks/results/arena.json, reports/arena/accuracy_cost.png, one MLflow run per method).
 
 `routerops run arena` (`make arena`) runs it; each stage skips the (method, seed) outputs it already
@@ -25,6 +26,7 @@ def arena_flow(params_file: str = "params.yaml", root: str = ".") -> dict:
     run = load_arena_run(layout.resolve(params_file))
     policies = TASKS["arena-policies"](run, layout)
     lm = TASKS["arena-lm"](run, layout)
+    TASKS["arena-orchestra"](run, layout)  # data/arena/orchestrator/, read by the report beside data/arena/lm
     report = TASKS["arena-report"](run, layout, policies, lm)
     print(summary(report["results"]))
     return report

@@ -20,7 +20,7 @@ from typing import Any
 
 from routerops.layout import Layout
 from stages.order import MAIN_ORDER, MTROUTER_ORDER
-from stages.loaders import (load_main_params, load_mtrouter_run, load_orchestra_run, load_critique_config,
+from stages.loaders import (stages_arena_orchestra, load_main_params, load_mtrouter_run, load_orchestra_run, load_critique_config,
                             load_critique_lm_config, load_arena_run, stages_arena, stages_critique, stages_mtrouter,
                             stages_orchestra_data, stages_orchestra_evaluate, stages_orchestra_register,
                             stages_orchestra_rl, stages_orchestra_sft, stages_orchestra_teacher, stages_pipeline,
@@ -186,9 +186,16 @@ STAGES: dict[str, Stage] = {
         params=("arena", "critique_lm", "prices.replay"),
         outs=({"data/arena/lm": {"persist": True}},),
         note="the LM critique-and-route (002) and CoRL (003) controllers on the arena's split")),
+    "arena-orchestra": Stage(lambda: stages_arena_orchestra().orchestrator, ARENA, lambda L: (), retries=1, dvc=Dvc(
+        deps=(*ARENA_DATA, "datasets/gsm8k/test_answers.jsonl", "data/replay/routellm_gsm8k.parquet", "configs/pool.yaml",
+              "configs/prices/current.yaml", "routerops/orchestra", "models/orchestrator", "stages/orchestra",
+              "evaluation/arena_orchestra.py", "stages/arena_orchestra.py"), params=("arena",),
+        outs=({"data/arena/orchestrator": {"persist": True}},),
+        note="Uno-Orchestra (004): search teacher, SFT, four RL variants on the arena's split (arena.orchestrator.run)")),
     "arena-report": Stage(lambda: stages_arena().report, ARENA, lambda L: (L.arena_data / "policies", L.arena_data / "lm"),
                           dvc=Dvc(
-        deps=("data/arena/policies", "data/arena/lm", "evaluation/arena.py", "evaluation/arena_report.py"),
+        deps=("data/arena/policies", "data/arena/lm", "data/arena/orchestrator", "evaluation/arena.py",
+              "evaluation/arena_report.py"),
         params=("arena", "track"),
         outs=(uncached("reports/arena/accuracy_cost.png"),), metrics=(uncached("benchmarks/results/arena.json"),))),
 
@@ -317,7 +324,7 @@ PIPELINES: dict[str, Pipeline] = {
     "critique-lm": Pipeline("the LM critique / CoRL controller, then registration (make critique-lm)", CRITIQUE_LM,
                             ("critique-lm", "critique-lm-register"), dvc_file="pipelines/critique/dvc.yaml"),
     "arena": Pipeline("every method on the RouteLLM GSM8K pool, one split, paired comparisons (issue 39; make arena)",
-                      ARENA, ("arena-policies", "arena-lm", "arena-report"),
+                      ARENA, ("arena-policies", "arena-lm", "arena-orchestra", "arena-report"),
                       dvc_file="pipelines/arena/dvc.yaml"),
     "retrain": Pipeline("retrain on the published prices and pool, then the gate (make retrain)", MAIN,
                         ("retrain-in-force", "retrain-retire", "materialise", "retrain-collect-grid", "reprice",

@@ -51,6 +51,12 @@ def stages_arena() -> ModuleType:
     return arena
 
 
+def stages_arena_orchestra() -> ModuleType:
+    from stages import arena_orchestra
+
+    return arena_orchestra
+
+
 def stages_critique() -> ModuleType:
     from stages import critique
 

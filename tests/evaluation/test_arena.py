@@ -149,7 +149,7 @@ def test_the_orchestrator_hook_reads_held_out_records_when_switched_on(tmp_path)
 
     by_policy, starts = defaultdict(list), {}
     off = orchestrator_outcomes(tmp_path, OrchestratorSettings(), by_policy, starts)
-    assert off[0]["family"] == "orchestrator" and "replay endpoints" in off[0]["reason"] and not by_policy
+    assert off[0]["family"] == "orchestrator" and "run is false" in off[0]["reason"] and not by_policy
     on = OrchestratorSettings(run=True)
     assert "holds no record" in orchestrator_outcomes(tmp_path, on, by_policy, starts)[0]["reason"]
     record = {"rows": [1, 2], "correct": [1, 0], "usd": [0.1, 0.2], "strong_calls": [0, 1], "final": ["a", "b"]}

@@ -18,6 +18,7 @@ def test_the_declared_policies_reach_the_tasks():
     retried = {name: (task.retries, task.retry_delay_seconds) for name, task in TASKS.items() if task.retries}
     assert retried == {"collect": (2, 5), "retrain-collect-grid": (2, 5), "mtrouter-collect": (1, 5),
                        "orchestra-baselines": (1, 5), "orchestra-teacher": (1, 5), "orchestra-probe": (1, 5),
-                       "orchestra-evaluate": (1, 5), "arena-policies": (1, 0), "arena-lm": (1, 0)}
+                       "orchestra-evaluate": (1, 5), "arena-policies": (1, 0), "arena-lm": (1, 0),
+                       "arena-orchestra": (1, 0)}
     assert TASKS["orchestra-sft"].log_prints is False
     assert {name for name, task in TASKS.items() if task.log_prints is not None} == {"orchestra-sft"}
