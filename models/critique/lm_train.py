@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from models.critique.corl_budgets import state_budgets
 from models.critique.lm_config import CritiqueLMConfig
 from models.critique.lm_controller import make_controller
 from models.critique.lm_env import MODES, OutcomeTable, TreeNode, corl_rollout, rollout_tree, turn_messages
@@ -72,12 +73,14 @@ def warmup_rows(cfg: CritiqueLMConfig, table: OutcomeTable, rows: Sequence[int],
     """SFT rows {"task_id", "messages"} from the training rows' outcomes (module docstring)."""
     out = []
     strongest = table.strongest
-    for q in rows:
+    drawn = state_budgets(cfg.corl, table, rows, np.tile(np.arange(len(MODES)), len(rows)),
+                          np.random.default_rng(0)).reshape(len(rows), len(MODES)) if corl else None
+    for i, q in enumerate(rows):
         q = int(q)
         right = table.correct[q]
         if corl:
             expert = table.agents[strongest]
-            for m, budget in enumerate(cfg.corl.budgets):
+            for m, budget in enumerate(drawn[i]):
                 if cfg.corl.warmup_choice == "balanced":  # format and a flat prior only (CorlLMSettings)
                     choices = [SELF, expert]
                 else:
@@ -302,7 +305,7 @@ def train_controller(cfg: CritiqueLMConfig, table: OutcomeTable, train_rows: Seq
             controller.sync()
         if corl:
             queries, modes = corl_draw(rng, rows, cfg.corl.queries_per_step, cfg.corl.paired_modes)
-            nodes = corl_rollout(controller, table, queries, modes, group, cfg.corl.budgets,
+            nodes = corl_rollout(controller, table, queries, modes, group, state_budgets(cfg.corl, table, rows, modes, rng),
                                  cfg.rewards.malformed_penalty)
         else:
             queries = rng.choice(rows, size=min(cfg.tree.queries_per_step, len(rows)), replace=False)

@@ -111,7 +111,7 @@ def test_warmup_targets_parse_back_to_the_decisions_they_encode():
         else:  # the logged correctness of Mixtral's draft
             assert step.verdict == bool(TABLE.correct[int(q), 0])
         assert msgs == turn_messages(TABLE, int(q), author, CFG.prompts.draft_tail_tokens)
-    outcome = dataclasses.replace(CFG, corl=dataclasses.replace(CFG.corl, warmup_choice="outcome"))
+    outcome = dataclasses.replace(CFG, corl=dataclasses.replace(CFG.corl, warmup_choice="outcome", budget_draw="fixed"))
     corl = warmup_rows(outcome, TABLE, [1], None, corl=True)
     assert [parse_corl(r["messages"][-1]["content"], "GPT-4").model for r in corl] == [0, 1, 1]  # low, medium, high
 
