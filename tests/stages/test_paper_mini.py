@@ -107,7 +107,7 @@ def test_the_critique_twin_runs_one_rl_step_of_each_controller_end_to_end(tmp_pa
     section["model"] = {"path": str(tiny_llama)}  # the one further cut (module docstring)
     section["generation"]["max_new_tokens"] = 16
     section["tree"]["queries_per_step"] = section["corl"]["queries_per_step"] = 1
-    section["protocol"].update(eval_queries=2, bootstrap=10)
+    section["protocol"].update(eval_queries=2, bootstrap=10, fitted_verdict=False)  # our extra row: not the paper's path
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"critique_lm": section}))
     for shared in ("datasets", "configs"):
         os.symlink(REPO / shared, tmp_path / shared)
