@@ -148,7 +148,27 @@ def warmup(cfg: CritiqueLMConfig, table: OutcomeTable, rows: Sequence[int], out_
     path = out_dir / "warmup.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in data))
     run = OrchestraConfig(model=cfg.model, sft=sft, source=cfg.source)
+    done = finished_warmup(out_dir / "sft", run, path)
+    if done is not None:
+        log.info("warm-up adapter reused: %s (same settings and data)", done)
+        return done
     return train_sft(run, path, out_dir / "sft", resume=False, model_cache=model_cache).adapter_dir
+
+
+def finished_warmup(folder: Path, run: OrchestraConfig, data: Path) -> Path | None:
+    """The adapter of a finished SFT run in `folder` made with the same model, SFT settings and data
+    (its sft_run.json), else None. Why: the arena's units are killed and resumed (a changed RL setting
+    redoes the unit), and on two shared cores the warm-up alone took 13+ min of such a unit."""
+    from models.orchestrator.sft import ADAPTER_DIR, RESULT_FILE, RUN_FILE, file_fingerprint, run_record
+
+    record, adapter = folder / RUN_FILE, folder / ADAPTER_DIR
+    if not ((folder / RESULT_FILE).is_file() and (adapter / "adapter_config.json").is_file() and record.is_file()):
+        return None
+    try:
+        same = json.loads(record.read_text()) == run_record(run, file_fingerprint(data))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return adapter if same else None
 
 
 def paired_batches(data: list[dict], sft: Any, seed: int, source: str) -> tuple[list[dict], Any]:
