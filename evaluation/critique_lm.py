@@ -224,13 +224,15 @@ def _corl(cfg: CritiqueLMConfig, table: OutcomeTable, split: dict, seed: int, wo
     del model
     report = on_progress or (lambda _: None)
     before = {mode: {k: v for k, v in row.items() if k != "decisions"} for mode, row in corl_before.items()}
-    report({**out, "corl_warmup_only": before})
+    before_held_out = corl_held_out(corl_before, table, rows)
+    report({**out, "corl_warmup_only": before, "corl_warmup_held_out": before_held_out})
     steps: list[dict] = []
 
     def step_done(s: int, r: dict) -> None:
         log.info("seed %d corl step %d: %s", seed, s, r)
         steps.append(r)
-        report({**out, "corl_warmup_only": before, "training_in_progress": {"corl": steps}})
+        report({**out, "corl_warmup_only": before, "corl_warmup_held_out": before_held_out,
+                "training_in_progress": {"corl": steps}})
 
     trainer, summary = train_controller(cfg, table, split["train"], folder, seed, corl=True, sft_adapter=corl_adapter,
                                         progress=step_done)
