@@ -28,6 +28,10 @@ SIZES = {
         "critique_lm.tree.steps", "critique_lm.tree.minibatch", "critique_lm.rl.max_seq_len", "critique_lm.rl.device",
         "critique_lm.rl.dtype", "critique_lm.sft.device", "critique_lm.sft.precision", "critique_lm.corl.steps",
         "critique_lm.corl.queries_per_step", "critique_lm.protocol.seeds", "critique_lm.protocol.eval_queries"},
+    "mtrouter": {
+        "track.experiment", "mtrouter.pool", "mtrouter.price_book", "mtrouter.id_types", "mtrouter.ood_types",
+        "mtrouter.max_variations", "mtrouter.turn_limit", "mtrouter.concurrency", "mtrouter.seeds", "mtrouter.ablations",
+        "mtrouter.estimator.encoder_path", "mtrouter.estimator.device", "mtrouter.estimator.encoder_backend"},
     "orchestra": {
         "track.experiment", "orchestra.pool", "orchestra.price_book", "orchestra.tasks.train", "orchestra.tasks.val",
         "orchestra.tasks.test", "orchestra.tasks.ood", "orchestra.teacher.llm_worker", "orchestra.model",
@@ -132,3 +136,13 @@ def test_the_orchestra_twin_keeps_g8_blind_workers_and_the_llm_teacher_and_passe
     assert (run.rl["group_size"], run.rl["estimator"], run.anonymize_workers, run.prompt) == (8, "agentic_grpo", True, "full")
     assert (run.teacher.kind, run.teacher.samples, run.evaluation.end_on_malformed) == ("llm", 3, False)
 
+
+
+def test_the_mtrouter_twin_passes_the_pre_run_check_with_the_papers_estimator():
+    from stages.mtrouter import check_run, estimator_config, load_run
+
+    run = load_run(PAPER / "mtrouter-mini.yaml")
+    check_run(run)
+    estimator = estimator_config(run)
+    assert (estimator.linear_head, estimator.surface_features, estimator.max_history_tokens) == (False, False, 8192)
+    assert (run.id_types, run.ood_types, run.seeds) == (["boil"], ["freeze"], [0])
