@@ -131,7 +131,8 @@ def _corl_rows(result: dict, seed: int, outcomes: dict, starts: dict) -> None:
     evidence["training"] = training_evidence(result.get("training", {}).get("corl"))
     for mode, record in result.get("corl_held_out", {}).items():
         row, start = f"CoRL LM: RL, {mode} budget", f"CoRL LM: SFT start, {mode} budget"
-        outcomes[row].append(held_out_outcome(record, row, "corl_lm", seed, {"evidence": evidence}))
+        budget = {k: result.get("corl", {}).get(mode, {}).get(k) for k in ("budget_usd", "budget_binds_expert_share")}
+        outcomes[row].append(held_out_outcome(record, row, "corl_lm", seed, {"evidence": {**evidence, "budget": budget}}))
         outcomes[start].append(held_out_outcome(result["corl_warmup_held_out"][mode], start, "corl_lm", seed))
         starts[row] = start
 

@@ -201,6 +201,16 @@ def corl_warmup_rows(cfg: CritiqueLMConfig, split: dict) -> np.ndarray:
     return split["train"][:n]
 
 
+def eval_budgets(cfg: CritiqueLMConfig, table: OutcomeTable, split: dict, rows: np.ndarray, seed: int) -> np.ndarray:
+    """(3, len(rows)) budgets of the held-out CoRL reward, drawn as in training (from the training rows'
+    cost spread), seeded apart from training's draws; the decisions never see them (the prompt names the mode)."""
+    from models.critique.corl_budgets import state_budgets
+
+    modes = np.repeat(np.arange(len(MODES)), len(rows))
+    return state_budgets(cfg.corl, table, split["train"], modes, np.random.default_rng(10_000 * seed + 7)).reshape(
+        len(MODES), len(rows))
+
+
 def _corl(cfg: CritiqueLMConfig, table: OutcomeTable, split: dict, seed: int, work: Path, model_cache: Path | None,
           folder: Path, rows: np.ndarray, warm_rows: np.ndarray, out: dict,
           on_progress: Callable[[dict], None] | None = None) -> dict:
@@ -208,23 +218,26 @@ def _corl(cfg: CritiqueLMConfig, table: OutcomeTable, split: dict, seed: int, wo
     corl_adapter = warmup(cfg, table, warm_rows, work / f"seed{seed}" / "corl-warmup", seed, model_cache, corl=True) \
         if len(warm_rows) else None
     model, tokenizer = load_controller_model(cfg.model, corl_adapter, resolve_device(cfg.rl.device, cfg.source), model_cache)
+    budgets = eval_budgets(cfg, table, split, rows, seed)
     corl_before = corl_greedy(make_controller(model, tokenizer, cfg.generation, temperature=0.0, seed=seed), table, rows,
-                              cfg.corl.budgets)
+                              budgets)
     del model
     report = on_progress or (lambda _: None)
     before = {mode: {k: v for k, v in row.items() if k != "decisions"} for mode, row in corl_before.items()}
-    report({**out, "corl_warmup_only": before})
+    before_held_out = corl_held_out(corl_before, table, rows)
+    report({**out, "corl_warmup_only": before, "corl_warmup_held_out": before_held_out})
     steps: list[dict] = []
 
     def step_done(s: int, r: dict) -> None:
         log.info("seed %d corl step %d: %s", seed, s, r)
         steps.append(r)
-        report({**out, "corl_warmup_only": before, "training_in_progress": {"corl": steps}})
+        report({**out, "corl_warmup_only": before, "corl_warmup_held_out": before_held_out,
+                "training_in_progress": {"corl": steps}})
 
     trainer, summary = train_controller(cfg, table, split["train"], folder, seed, corl=True, sft_adapter=corl_adapter,
                                         progress=step_done)
     corl = corl_greedy(make_controller(trainer.model, trainer.tokenizer, cfg.generation, temperature=0.0, seed=seed),
-                       table, rows, cfg.corl.budgets)
+                       table, rows, budgets)
     changed = np.mean([a != b for mode in corl for a, b in zip(corl[mode]["decisions"], corl_before[mode]["decisions"])])
     out["corl"] = {mode: {k: v for k, v in row.items() if k != "decisions"} for mode, row in corl.items()}
     out["corl_warmup_only"] = {mode: {k: v for k, v in row.items() if k != "decisions"} for mode, row in corl_before.items()}

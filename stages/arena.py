@@ -61,8 +61,15 @@ def lm(run: ArenaRun, layout: Layout) -> Path:
                 continue
             from evaluation.critique_lm import run_critique_lm  # torch, transformers, peft only here
 
+            partial = folder / f"{name}_seed{seed}.partial.json"
+
+            def progress(part: dict, partial: Path = partial, key: str = key, name: str = name) -> None:
+                # What a killed unit leaves behind: the SFT start's held-out evaluation and each RL step's
+                # training row (the rows report only finished units; this file is evidence, not a row).
+                schema.write_json_atomic({"key": key, "controller": name, **part}, partial)
+
             result = run_critique_lm(cfg, layout.root, folder / "work", layout.model_cache, variants=variants,
-                                     corl=corl)
+                                     corl=corl, on_progress=progress)
             schema.write_json_atomic({"key": key, "controller": name, "seed": seed, **result}, out)
     return folder
 

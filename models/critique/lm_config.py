@@ -128,7 +128,13 @@ class CorlLMSettings:
     """CoRL (003 §3.3): the budget mode in the prompt, self (the weak agent's logged answer) or the
     expert, r = r_p·1(cost ≤ B)."""
 
-    budgets: tuple = (0.001, 0.02, 1000.0)  # B (USD per query), low / medium / high
+    # How B is set (models/critique/corl_budgets.py). "per_query" (default, issue 39 item 3): per (query,
+    # mode) state drawn from the strong agent's training-cost spread so that mode m's budget binds on
+    # `bind_shares[m]` of the queries. "fixed": `budgets` per mode (on this table a fixed B admits GPT-4
+    # on almost every query or none: benchmarks/corl_budget_bound.py).
+    budget_draw: str = "per_query"
+    bind_shares: tuple = (0.9, 0.5, 0.1)  # low / medium / high: share of queries the expert's cost breaks B
+    budgets: tuple = (0.001, 0.02, 1000.0)  # B (USD per query), low / medium / high, with budget_draw: fixed
     steps: int = 8  # RL steps (003 App. A: 500). CPU cut
     queries_per_step: int = 4  # each with a mode drawn uniformly (§3.3), or in every mode (paired_modes)
     # Ours: each drawn query in all three modes in the same step, so one update sees the same question
@@ -176,6 +182,14 @@ class CorlLMSettings:
             raise InputError(source, f"{where}.learning_rate", "must be ≥ 0 (0: rl.learning_rate)")
         if self.warmup_choice not in ("outcome", "balanced"):
             raise InputError(source, f"{where}.warmup_choice", "expected outcome or balanced")
+        if self.budget_draw not in ("per_query", "fixed"):
+            raise InputError(source, f"{where}.budget_draw", f"{self.budget_draw!r} is not per_query or fixed")
+        shares = self.bind_shares
+        if len(shares) != 3 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b <= 1
+                                       for b in shares):
+            raise InputError(source, f"{where}.bind_shares", "expected 3 shares in [0, 1] (low, medium, high)")
+        if list(shares) != sorted(shares, reverse=True):
+            raise InputError(source, f"{where}.bind_shares", "must bind least in high: low ≥ medium ≥ high")
         if len(self.budgets) != 3 or not all(isinstance(b, (int, float)) and b > 0 for b in self.budgets):
             raise InputError(source, f"{where}.budgets", "expected 3 positive numbers (low, medium, high)")
         if list(self.budgets) != sorted(self.budgets):

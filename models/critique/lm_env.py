@@ -191,7 +191,8 @@ def rollout_tree(controller: Controller, table: OutcomeTable, queries: Sequence[
 
 def corl_rollout(controller: Controller, table: OutcomeTable, queries: Sequence[int], modes: Sequence[int],
                  group: int, budgets: Sequence[float], malformed_penalty: float) -> list[TreeNode]:
-    """G sampled decisions per (query, mode): a one-level tree whose groups are the (query, mode) states."""
+    """G sampled decisions per (query, mode): a one-level tree whose groups are the (query, mode) states.
+    `budgets`: B per state (models/critique/corl_budgets.py: drawn per query, or the mode's fixed B)."""
     expert = table.agents[table.strongest]
     prompts = [corl_messages(table.questions[q], expert, MODES[m], table.template) for q, m in zip(queries, modes)]
     outputs = controller.respond([p for p in prompts for _ in range(group)])
@@ -201,7 +202,7 @@ def corl_rollout(controller: Controller, table: OutcomeTable, queries: Sequence[
         q, mode = int(queries[i]), int(modes[i])
         parsed = parse_corl(out.text, expert)
         nodes.append(TreeNode(i, q, i, 1, -1, prompts[i], out, parsed,
-                              corl_step(table, q, parsed, budgets[mode], malformed_penalty), extra={"mode": mode}))
+                              corl_step(table, q, parsed, budgets[i], malformed_penalty), extra={"mode": mode}))
     return nodes
 
 

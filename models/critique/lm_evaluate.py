@@ -101,17 +101,21 @@ def episode_metrics(ep: dict, table: OutcomeTable) -> dict[str, float]:
     return out
 
 
-def corl_greedy(controller: Controller, table: OutcomeTable, rows: Sequence[int], budgets: Sequence[float]) -> dict:
-    """Per budget mode, greedy: expert-call ratio (003 §4.5), USD per query, accuracy, reward."""
+def corl_greedy(controller: Controller, table: OutcomeTable, rows: Sequence[int], budgets: np.ndarray) -> dict:
+    """Per budget mode, greedy: expert-call ratio (003 §4.5), USD per query, accuracy, reward.
+    `budgets` (3, len(rows)): B per (mode, query), drawn as in training (models/critique/corl_budgets.py)."""
+    budgets = np.asarray(budgets, dtype=float).reshape(len(MODES), len(rows))
     expert = table.agents[table.strongest]
     out = {}
     for m, mode in enumerate(MODES):
         outputs = controller.respond([corl_messages(table.questions[int(q)], expert, mode, table.template) for q in rows])
-        steps = [corl_step(table, int(q), parse_corl(o.text, expert), budgets[m], 0.0) for q, o in zip(rows, outputs)]
+        steps = [corl_step(table, int(q), parse_corl(o.text, expert), b, 0.0)
+                 for q, o, b in zip(rows, outputs, budgets[m])]
         agent = np.array([s.called for s in steps])
         cost = table.costs[np.asarray(rows), agent]
         correct = table.correct[np.asarray(rows), agent]
-        out[mode] = {"budget_usd": float(budgets[m]), "queries": len(rows),
+        out[mode] = {"budget_usd": float(np.mean(budgets[m])), "queries": len(rows),
+                     "budget_binds_expert_share": float(np.mean(table.costs[np.asarray(rows), table.strongest] > budgets[m])),
                      "expert_call_ratio": float(np.mean(agent == table.strongest)),
                      "usd_per_query": float(cost.mean()), "accuracy": float(correct.mean()),
                      "reward": float(np.mean(correct * (cost <= budgets[m]))),

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from models.critique.corl_budgets import state_budgets
 from models.critique.lm_config import CritiqueLMConfig
 from models.critique.lm_controller import make_controller
 from models.critique.lm_env import MODES, OutcomeTable, TreeNode, corl_rollout, rollout_tree, turn_messages
@@ -72,12 +73,14 @@ def warmup_rows(cfg: CritiqueLMConfig, table: OutcomeTable, rows: Sequence[int],
     """SFT rows {"task_id", "messages"} from the training rows' outcomes (module docstring)."""
     out = []
     strongest = table.strongest
-    for q in rows:
+    drawn = state_budgets(cfg.corl, table, rows, np.tile(np.arange(len(MODES)), len(rows)),
+                          np.random.default_rng(0)).reshape(len(rows), len(MODES)) if corl else None
+    for i, q in enumerate(rows):
         q = int(q)
         right = table.correct[q]
         if corl:
             expert = table.agents[strongest]
-            for m, budget in enumerate(cfg.corl.budgets):
+            for m, budget in enumerate(drawn[i]):
                 if cfg.corl.warmup_choice == "balanced":  # format and a flat prior only (CorlLMSettings)
                     choices = [SELF, expert]
                 else:
@@ -145,7 +148,27 @@ def warmup(cfg: CritiqueLMConfig, table: OutcomeTable, rows: Sequence[int], out_
     path = out_dir / "warmup.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in data))
     run = OrchestraConfig(model=cfg.model, sft=sft, source=cfg.source)
+    done = finished_warmup(out_dir / "sft", run, path)
+    if done is not None:
+        log.info("warm-up adapter reused: %s (same settings and data)", done)
+        return done
     return train_sft(run, path, out_dir / "sft", resume=False, model_cache=model_cache).adapter_dir
+
+
+def finished_warmup(folder: Path, run: OrchestraConfig, data: Path) -> Path | None:
+    """The adapter of a finished SFT run in `folder` made with the same model, SFT settings and data
+    (its sft_run.json), else None. Why: the arena's units are killed and resumed (a changed RL setting
+    redoes the unit), and on two shared cores the warm-up alone took 13+ min of such a unit."""
+    from models.orchestrator.sft import ADAPTER_DIR, RESULT_FILE, RUN_FILE, file_fingerprint, run_record
+
+    record, adapter = folder / RUN_FILE, folder / ADAPTER_DIR
+    if not ((folder / RESULT_FILE).is_file() and (adapter / "adapter_config.json").is_file() and record.is_file()):
+        return None
+    try:
+        same = json.loads(record.read_text()) == run_record(run, file_fingerprint(data))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return adapter if same else None
 
 
 def paired_batches(data: list[dict], sft: Any, seed: int, source: str) -> tuple[list[dict], Any]:
@@ -302,7 +325,7 @@ def train_controller(cfg: CritiqueLMConfig, table: OutcomeTable, train_rows: Seq
             controller.sync()
         if corl:
             queries, modes = corl_draw(rng, rows, cfg.corl.queries_per_step, cfg.corl.paired_modes)
-            nodes = corl_rollout(controller, table, queries, modes, group, cfg.corl.budgets,
+            nodes = corl_rollout(controller, table, queries, modes, group, state_budgets(cfg.corl, table, rows, modes, rng),
                                  cfg.rewards.malformed_penalty)
         else:
             queries = rng.choice(rows, size=min(cfg.tree.queries_per_step, len(rows)), replace=False)

@@ -111,7 +111,7 @@ def test_warmup_targets_parse_back_to_the_decisions_they_encode():
         else:  # the logged correctness of Mixtral's draft
             assert step.verdict == bool(TABLE.correct[int(q), 0])
         assert msgs == turn_messages(TABLE, int(q), author, CFG.prompts.draft_tail_tokens)
-    outcome = dataclasses.replace(CFG, corl=dataclasses.replace(CFG.corl, warmup_choice="outcome"))
+    outcome = dataclasses.replace(CFG, corl=dataclasses.replace(CFG.corl, warmup_choice="outcome", budget_draw="fixed"))
     corl = warmup_rows(outcome, TABLE, [1], None, corl=True)
     assert [parse_corl(r["messages"][-1]["content"], "GPT-4").model for r in corl] == [0, 1, 1]  # low, medium, high
 
@@ -294,3 +294,23 @@ def test_warmup_rejections_fit_the_turn_cap_with_slack_so_sampling_does_not_cut_
     assert len(tokenizer(uncut, add_special_tokens=False)["input_ids"]) > cap
     with pytest.raises(InputError, match="max_new_tokens"):  # a cap that cannot hold the format is refused
         warmup_rows(critique_lm_config({"generation": {"max_new_tokens": 20}}), table, [0], tokenizer)
+
+
+def test_a_finished_warm_up_is_reused_only_with_the_same_settings_and_data(tmp_path):
+    import json
+
+    from models.critique.lm_train import finished_warmup
+    from models.orchestrator.config import OrchestraConfig
+    from models.orchestrator.sft import file_fingerprint, run_record
+
+    data = tmp_path / "warmup.jsonl"
+    data.write_text('{"task_id": "1", "messages": []}\n')
+    run, folder = OrchestraConfig(), tmp_path / "sft"
+    (folder / "adapter").mkdir(parents=True)
+    (folder / "adapter" / "adapter_config.json").write_text("{}")
+    (folder / "sft_run.json").write_text(json.dumps(run_record(run, file_fingerprint(data))))
+    assert finished_warmup(folder, run, data) is None  # no sft_result.json: the run did not finish
+    (folder / "sft_result.json").write_text("{}")
+    assert finished_warmup(folder, run, data) == folder / "adapter"
+    data.write_text('{"task_id": "2", "messages": []}\n')
+    assert finished_warmup(folder, run, data) is None  # other data: trained again
