@@ -27,7 +27,7 @@ def tiny_orchestra(tmp_path, monkeypatch) -> Path:
                                    train_path=fewshot)
     write_logged_outcomes(replay, tmp_path / "data/replay/routellm_gsm8k.parquet")  # what configs/pool.yaml names
     arena = {"table": str(tmp_path / "tiny.csv"), "contaminated": str(tmp_path / "contaminated.jsonl"),
-             "fewshot": str(fewshot), "price_book": str(REPO / "configs/prices/routellm-2024.yaml"),
+             "fewshot": str(fewshot),
              "split": {"seed": 0, "fractions": [0.6, 0.2, 0.2], "min_test_queries": 10},
              "routers": ["logistic"], "seeds": [0], "bootstrap": 50, "knob_points": 11,
              "lm": {"critique": False, "corl": False},
@@ -36,7 +36,7 @@ def tiny_orchestra(tmp_path, monkeypatch) -> Path:
                               "answers": str(REPO / "datasets/gsm8k/test_answers.jsonl"),
                               "train_queries": 2, "eval_queries": 2, "sft_steps": 1, "rl_steps": 1, "group_size": 2,
                               "probe": False, "max_new_tokens": 48, "max_seq_len": 768, "turn_limit": 2}}
-    params = {"arena": arena, "track": {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+    params = {"arena": arena, "prices": {"replay": str(REPO / "configs/prices/routellm-2024.yaml")}, "track": {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
                                         "artifact_root": str(tmp_path / "artifacts"), "experiment": "arena-test"}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

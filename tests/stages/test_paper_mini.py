@@ -29,11 +29,11 @@ SIZES = {
         "critique_lm.rl.dtype", "critique_lm.sft.device", "critique_lm.sft.precision", "critique_lm.corl.steps",
         "critique_lm.corl.queries_per_step", "critique_lm.protocol.seeds", "critique_lm.protocol.eval_queries"},
     "mtrouter": {
-        "track.experiment", "mtrouter.pool", "mtrouter.price_book", "mtrouter.id_types", "mtrouter.ood_types",
+        "prices", "track.experiment", "mtrouter.pool", "mtrouter.id_types", "mtrouter.ood_types",
         "mtrouter.max_variations", "mtrouter.turn_limit", "mtrouter.concurrency", "mtrouter.seeds", "mtrouter.ablations",
         "mtrouter.estimator.encoder_path", "mtrouter.estimator.device", "mtrouter.estimator.encoder_backend"},
     "orchestra": {
-        "track.experiment", "orchestra.pool", "orchestra.price_book", "orchestra.tasks.train", "orchestra.tasks.val",
+        "prices", "track.experiment", "orchestra.pool", "orchestra.tasks.train", "orchestra.tasks.val",
         "orchestra.tasks.test", "orchestra.tasks.ood", "orchestra.teacher.llm_worker", "orchestra.model",
         "orchestra.controller.max_new_tokens", "orchestra.controller.device", "orchestra.sft.warmup_steps",
         "orchestra.sft.max_steps", "orchestra.sft.batch_size", "orchestra.sft.gradient_accumulation_steps",
@@ -133,7 +133,7 @@ def test_the_orchestra_twin_keeps_g8_blind_workers_and_the_llm_teacher_and_passe
     path = PAPER / "orchestra-mini.yaml"
     run = load_run(path)
     check_run(run, Layout(REPO), path)  # the paper config is refused here (CUDA, prices, keys): the twin is not
-    assert (run.rl["group_size"], run.rl["estimator"], run.anonymize_workers, run.prompt) == (8, "agentic_grpo", True, "full")
+    assert (run.rl.group_size, run.rl.advantages.estimator, run.anonymize_workers, run.prompt) == (8, "agentic_grpo", True, "full")
     assert (run.teacher.kind, run.teacher.samples, run.evaluation.end_on_malformed) == ("llm", 3, False)
 
 
