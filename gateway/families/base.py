@@ -8,8 +8,10 @@ registers them by family name, the names of evaluation/serving's registry.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -17,7 +19,7 @@ from typing import Any, Protocol
 from evaluation.serving import ServedFamily
 from gateway.errors import RequestError
 from gateway.routing import Estimate, content_text
-from gateway.store import KeyInfo, Store
+from gateway.store import BudgetRefused, KeyInfo, Store
 from routerops.errors import InputError
 from routerops.pricing import Pool, PriceBook
 
@@ -124,6 +126,25 @@ def chat_task(messages: list[dict[str, Any]]) -> str:
     if len(turns) == 1:
         return turns[0][1]
     return "\n\n".join(f"{'User' if role == 'user' else 'Assistant'}: {text}" for role, text in turns)
+
+
+async def hold_episode_budget(gw: GatewayServices, key: KeyInfo, budget: float) -> Any:
+    """Reserve an episode's budget on the key before its first call; a concurrent request that took the
+    rest first is a 429, as a single call's reservation is."""
+    try:
+        return await gw.store.areserve(key, budget)
+    except BudgetRefused:
+        raise RequestError(429, f"key {key.key_id}: concurrent requests used the remaining budget",
+                           "insufficient_quota", "budget_exceeded") from None
+
+
+def episode_row(gw: GatewayServices, key: KeyInfo, champion: ServedChampion, task: str) -> dict[str, Any]:
+    """The decision-log fields every episode's row starts with, under a fresh decision id (the query's
+    text only when the gateway logs texts)."""
+    return {"decision_id": uuid.uuid4().hex, "key_id": key.key_id, "router": champion.name,
+            "router_version": champion.version, "price_book_version": gw.book.version,
+            "query_id": hashlib.sha256(task.encode()).hexdigest()[:16], "query": task if gw.cfg.log_texts else "",
+            "propensity": 1.0}
 
 
 def failed_record(exc: BaseException, budget: float, remaining: float, started: float) -> dict[str, Any]:

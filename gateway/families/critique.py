@@ -18,18 +18,16 @@ reservation is settled with the real cost.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
-import uuid
 from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from evaluation.serving import CRITIQUE, served_family
 from gateway.errors import RequestError
-from gateway.families.base import (GatewayFamily, GatewayServices, ServedChampion, chat_task, failed_record,
-                                   one_chunk_stream)
-from gateway.store import BudgetRefused, KeyInfo
+from gateway.families.base import (GatewayFamily, GatewayServices, ServedChampion, chat_task, episode_row,
+                                   failed_record, hold_episode_budget, one_chunk_stream)
+from gateway.store import KeyInfo
 from gateway.upstream import usage_in
 from routerops.rollout import prompt_token_bound
 from routerops.workers.llm import chat_request
@@ -54,16 +52,10 @@ async def answer_critiqued(gw: GatewayServices, key: KeyInfo, body: dict[str, An
         raise RequestError(429, f"over budget: the critique episode may cost up to ${worst:.6g} (every agent "
                                 f"answering {max_tokens} tokens), key {key.key_id} has ${remaining:.6g} left and the "
                                 f"request allows ${request_budget:.6g}", "insufficient_quota", "budget_exceeded")
-    try:
-        held = await gw.store.areserve(key, budget)
-    except BudgetRefused:
-        raise RequestError(429, f"key {key.key_id}: concurrent requests used the remaining budget",
-                           "insufficient_quota", "budget_exceeded") from None
-    decision_id, started = uuid.uuid4().hex, time.monotonic()
-    base = {"decision_id": decision_id, "key_id": key.key_id, "router": champion.name,
-            "router_version": champion.version, "price_book_version": gw.book.version,
-            "query_id": hashlib.sha256(task.encode()).hexdigest()[:16], "query": task if gw.cfg.log_texts else "",
-            "propensity": 1.0}
+    held = await hold_episode_budget(gw, key, budget)
+    started = time.monotonic()
+    base = episode_row(gw, key, champion, task)
+    decision_id = base["decision_id"]
     calls, verdicts = [], []
     try:
         author = 0

@@ -28,16 +28,15 @@ import json
 import logging
 import math
 import time
-import uuid
 from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from evaluation.serving import ORCHESTRATOR, served_family
 from gateway.errors import RequestError
-from gateway.families.base import (GatewayFamily, GatewayServices, ServedChampion, chat_task, failed_record,
-                                   one_chunk_stream)
-from gateway.store import BudgetRefused, KeyInfo
+from gateway.families.base import (GatewayFamily, GatewayServices, ServedChampion, chat_task, episode_row,
+                                   failed_record, hold_episode_budget, one_chunk_stream)
+from gateway.store import KeyInfo
 from routerops import schema
 from routerops.orchestra.executor import EpisodeResult, Executor, ExecutorConfig, opening, worker_labels
 from routerops.pricing import Pool, PriceBook
@@ -122,16 +121,10 @@ async def answer_orchestrated(gw: GatewayServices, key: KeyInfo, body: dict[str,
                                 f"${runner.served.limits.budget_usd:.6g}, key {key.key_id} has ${remaining:.6g} "
                                 f"left of ${key.budget_usd:.6g} per {key.period}), and its first turn may cost up "
                                 f"to ${first:.6g}", "insufficient_quota", "budget_exceeded")
-    try:
-        held = await gw.store.areserve(key, budget)
-    except BudgetRefused:
-        raise RequestError(429, f"key {key.key_id}: concurrent requests used the remaining budget",
-                           "insufficient_quota", "budget_exceeded") from None
-    decision_id, started = uuid.uuid4().hex, time.monotonic()
-    base = {"decision_id": decision_id, "key_id": key.key_id, "router": champion.name,
-            "router_version": champion.version, "price_book_version": gw.book.version,
-            "query_id": hashlib.sha256(task.encode()).hexdigest()[:16],
-            "query": task if gw.cfg.log_texts else "", "chosen": runner.controller.name, "propensity": 1.0}
+    held = await hold_episode_budget(gw, key, budget)
+    started = time.monotonic()
+    base = {**episode_row(gw, key, champion, task), "chosen": runner.controller.name}
+    decision_id = base["decision_id"]
     try:
         result = await runner.run(task, budget, decision_id)
     except BaseException as exc:  # cancelled or failed mid-episode: calls were made, their costs unknown
